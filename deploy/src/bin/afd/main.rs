@@ -1,0 +1,21 @@
+//! `afd`: one binary that starts any role of an afd deployment.
+//!
+//! Each subcommand lives in its own module beside this file: an `Args` struct (clap) and a
+//! `run(args) -> anyhow::Result<()>`. This file only parses the command line and dispatches.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "afd", version, about = "Attention-FFN disaggregated MoE inference server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {}
+}

@@ -1,0 +1,6 @@
+//! Deployments and the `afd` binary.
+//!
+//! Owns deployment files (`deploy/*.toml`), the planner and system performance model, the local
+//! multi-process launcher, Kubernetes manifests, and the command-line front end that starts any role.
+//!
+//! Must not: hold model numerics or protocol logic of its own; it wires the other crates together.
