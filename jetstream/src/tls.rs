@@ -1,0 +1,76 @@
+//! Mutual TLS from the cluster CA: the rustls configurations quinn runs on, and the check that a
+//! peer's claimed node name is the name in its certificate.
+
+use std::sync::Arc;
+
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls_pki_types::{CertificateDer, ServerName};
+
+use crate::certs::NodeIdentity;
+use crate::error::{Error, Result};
+
+/// ALPN protocol id; a peer speaking anything else fails the handshake.
+pub(crate) const ALPN: &[u8] = b"jetstream/1";
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn roots(identity: &NodeIdentity) -> Result<Arc<RootCertStore>> {
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(identity.ca.clone())
+        .map_err(|error| Error::Tls(format!("the cluster CA certificate: {error}")))?;
+    Ok(Arc::new(roots))
+}
+
+/// Server side: presents the node certificate and requires a client certificate signed by the
+/// cluster CA.
+pub(crate) fn server_config(identity: &NodeIdentity) -> Result<rustls::ServerConfig> {
+    let tls = |error: rustls::Error| Error::Tls(format!("server configuration: {error}"));
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(identity)?, provider())
+        .build()
+        .map_err(|error| Error::Tls(format!("client certificate verifier: {error}")))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![identity.certificate.clone()], identity.private_key())
+        .map_err(tls)?;
+    config.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(config)
+}
+
+/// Client side: trusts only the cluster CA and presents the node certificate.
+pub(crate) fn client_config(identity: &NodeIdentity) -> Result<rustls::ClientConfig> {
+    let tls = |error: rustls::Error| Error::Tls(format!("client configuration: {error}"));
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls)?
+        .with_root_certificates(roots(identity)?)
+        .with_client_auth_cert(vec![identity.certificate.clone()], identity.private_key())
+        .map_err(tls)?;
+    config.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(config)
+}
+
+/// Checks that the peer's (already CA-verified) end-entity certificate carries `claimed` as a
+/// name, so a node cannot act under another node's name.
+pub(crate) fn verify_peer_name(chain: &[CertificateDer<'_>], claimed: &str) -> Result<()> {
+    let end_entity = chain
+        .first()
+        .ok_or_else(|| Error::Certificate("the peer presented no certificate".into()))?;
+    let parsed = ParsedCertificate::try_from(end_entity).map_err(|error| {
+        Error::Certificate(format!("the peer certificate does not parse: {error}"))
+    })?;
+    let name = ServerName::try_from(claimed).map_err(|_| Error::InvalidNodeName {
+        name: claimed.to_owned(),
+    })?;
+    rustls::client::verify_server_name(&parsed, &name).map_err(|error| {
+        Error::Certificate(format!(
+            "the peer claims to be `{claimed}` but its certificate is not for that name: {error}"
+        ))
+    })
+}
