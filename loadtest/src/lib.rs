@@ -4,3 +4,46 @@
 //! (TTFT, TPOT, ITL, end-to-end latency, throughput, goodput), result files, tables and plots.
 //!
 //! Must not: depend on any other afd crate: it measures any OpenAI-compatible server.
+//!
+//! Layout: a deterministic, I/O-free core (`arrival`, `prompts`, `sse`, `record`, `stats`,
+//! `metrics`, `report`) and a thin async shell (`client`, `runner`, `sweep`) plus file
+//! writers (`output`, `plot`). The entry points are [`run_benchmark`] (one configuration
+//! against one base URL) and [`run_sweep`]; the `afd-loadtest` binary is a CLI over them.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), loadtest::Error> {
+//! let config = loadtest::BenchmarkConfig {
+//!     base_url: "http://127.0.0.1:8000".into(),
+//!     num_prompts: 50,
+//!     max_concurrency: Some(8),
+//!     ignore_eos: true,
+//!     ..Default::default()
+//! };
+//! let result = loadtest::run_benchmark(&config).await?;
+//! println!("{}", loadtest::report::format_result(&result));
+//! println!("mean TPOT {:.1} ms", result.latency.tpot.mean_ms);
+//! # Ok(()) }
+//! ```
+
+pub mod arrival;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod output;
+pub mod plot;
+pub mod prompts;
+pub mod record;
+pub mod report;
+pub mod result;
+pub mod runner;
+pub mod sse;
+pub mod stats;
+pub mod sweep;
+
+pub use config::{BenchmarkConfig, EndpointKind, PromptConfig, PromptSource, SloMetric, SloTarget};
+pub use error::Error;
+pub use output::{OutputOptions, save_result, save_sweep};
+pub use result::BenchmarkResult;
+pub use runner::{resolve_model, run_benchmark};
+pub use sweep::{Sweep, SweepParameter, SweepResult, run_sweep};
