@@ -236,9 +236,18 @@ impl BenchmarkConfig {
     /// Checks ranges and combinations; every message says which setting to change.
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |msg: String| Err(Error::InvalidConfig(msg));
-        if !(self.base_url.starts_with("http://") || self.base_url.starts_with("https://")) {
+        if self.base_url.starts_with("https://") {
+            // The HTTP client is built without TLS (loopback and cluster-internal endpoints are
+            // plain HTTP, as vLLM and afd serve them).
             return bad(format!(
-                "--base-url '{}' must start with http:// or https://",
+                "--base-url '{}' uses https, but afd-loadtest speaks plain http only: point it \
+                 at the server's http port (or a local TLS-terminating proxy)",
+                self.base_url
+            ));
+        }
+        if !self.base_url.starts_with("http://") {
+            return bad(format!(
+                "--base-url '{}' must start with http:// (e.g. http://127.0.0.1:8000)",
                 self.base_url
             ));
         }
@@ -348,6 +357,12 @@ mod tests {
             ..BenchmarkConfig::default()
         };
         assert!(bad_url.validate().is_err());
+        let tls = BenchmarkConfig {
+            base_url: "https://example.invalid".into(),
+            ..BenchmarkConfig::default()
+        };
+        let err = tls.validate().unwrap_err().to_string();
+        assert!(err.contains("plain http only"), "{err}");
     }
 
     #[test]

@@ -17,6 +17,26 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use loadtest::{BenchmarkConfig, PromptConfig};
+
+/// A benchmark of `num_prompts` requests (16-token id prompts, `output_len` tokens, ignore_eos,
+/// no warm-up, so the server's request numbers are the measured requests) against `base_url`.
+pub fn config(base_url: &str, num_prompts: usize, output_len: usize) -> BenchmarkConfig {
+    BenchmarkConfig {
+        base_url: base_url.to_string(),
+        num_prompts,
+        prompts: PromptConfig {
+            input_len: 16,
+            output_len,
+            vocab_size: 500,
+            ..PromptConfig::default()
+        },
+        ignore_eos: true,
+        num_warmups: 0,
+        ..BenchmarkConfig::default()
+    }
+}
+
 /// What the server does. Request numbers count from 1 in arrival order at the server.
 #[derive(Debug, Clone)]
 pub struct Script {
