@@ -20,6 +20,9 @@ pub(crate) enum PopError {
 struct State<T> {
     items: VecDeque<T>,
     closed: bool,
+    /// Threads blocked in `pop_blocking`; the condvar is signalled only when there are some
+    /// (signalling costs a system call even with nobody waiting).
+    blocked: usize,
 }
 
 pub(crate) struct Mailbox<T> {
@@ -34,6 +37,7 @@ impl<T> Default for Mailbox<T> {
             state: Mutex::new(State {
                 items: VecDeque::new(),
                 closed: false,
+                blocked: 0,
             }),
             condvar: Condvar::new(),
             notify: Notify::new(),
@@ -52,14 +56,17 @@ impl<T> Mailbox<T> {
 
     /// Appends an item; returns it back if the mailbox is closed.
     pub(crate) fn push(&self, item: T) -> Result<(), T> {
-        {
+        let blocked = {
             let mut state = self.lock();
             if state.closed {
                 return Err(item);
             }
             state.items.push_back(item);
+            state.blocked
+        };
+        if blocked > 0 {
+            self.condvar.notify_one();
         }
-        self.condvar.notify_one();
         self.notify.notify_one();
         Ok(())
     }
@@ -112,11 +119,13 @@ impl<T> Mailbox<T> {
             if now >= deadline {
                 return Err(PopError::TimedOut);
             }
+            state.blocked += 1;
             state = self
                 .condvar
                 .wait_timeout(state, deadline - now)
                 .map(|(guard, _)| guard)
                 .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+            state.blocked -= 1;
         }
     }
 

@@ -115,6 +115,18 @@ impl RegionShared {
             .contains(node)
     }
 
+    /// [`RegionShared::begin_landing`] if the memory is free right now.
+    pub(crate) fn try_begin_landing(self: &Arc<Self>, header: &WriteHeader) -> Option<Landing> {
+        let guard = self.memory.clone().try_write_owned().ok()?;
+        let start = header.offset as usize;
+        Some(Landing {
+            region: self.clone(),
+            guard,
+            at: start,
+            end: start + header.len as usize,
+        })
+    }
+
     /// Takes the region's write lock for one write; bytes are then copied in chunk by chunk as
     /// they arrive, so a local reader never sees a write half landed.
     pub(crate) async fn begin_landing(self: &Arc<Self>, header: &WriteHeader) -> Landing {

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::debug;
 
+use super::acks::AckBoard;
 use super::reader::FrameReader;
 use super::{Shared, lock, serve};
 use crate::codec::{Frame, WriteHeader, encode_write_header};
@@ -60,7 +61,7 @@ pub(crate) async fn connect(shared: &Arc<Shared>, peer: &str) -> Result<Arc<Peer
     let connection = async {
         let connecting = shared
             .endpoint
-            .connect_with(shared.client_config.clone(), addr, peer)
+            .connect_with(shared.path_configs(addr).client.clone(), addr, peer)
             .map_err(|error| connect_error(error.to_string()))?;
         let connection = connecting
             .await
@@ -186,6 +187,7 @@ impl PeerLink {
             .map_err(|error| gone(&self.peer, error))?;
         let tx = Arc::new(ChannelTx {
             peer: self.peer.clone(),
+            acks: shared.ack_board(&self.peer),
             stream: tokio::sync::Mutex::new(TxState { send, next_seq: 0 }),
             pending: Mutex::new(PendingWrites::default()),
         });
@@ -206,6 +208,8 @@ struct TxState {
 /// One channel's stream towards a peer.
 pub(crate) struct ChannelTx {
     peer: Arc<str>,
+    /// Acknowledgments this node owes the same peer, sent just before each write.
+    acks: Arc<AckBoard>,
     stream: tokio::sync::Mutex<TxState>,
     pending: Mutex<PendingWrites>,
 }
@@ -240,6 +244,7 @@ impl ChannelTx {
             return Err(gone(&self.peer, "the channel's stream failed"));
         }
         stream.next_seq += 1;
+        self.acks.flush_all().await;
         let mut chunks = [
             Bytes::copy_from_slice(&encode_write_header(&header)),
             request.data,

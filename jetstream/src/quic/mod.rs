@@ -6,6 +6,7 @@
 //! long-lived bidirectional stream: writes go out on it as frame + payload, acknowledgments come
 //! back on its other half. Nothing is set up per write.
 
+mod acks;
 mod link;
 mod reader;
 mod serve;
@@ -62,6 +63,14 @@ pub struct QuicTuning {
     pub initial_mtu: u16,
     /// Most channels a peer may open towards this node.
     pub max_channels: u32,
+    /// How long a landed write's acknowledgment may wait for this node's next write to the
+    /// same peer to ride along with (see the crate docs on send-side completions).
+    pub ack_delay: Duration,
+    /// Acknowledge at once when this many landed bytes are unacknowledged on a channel.
+    pub ack_every_bytes: u64,
+    /// Requested UDP socket send and receive buffer sizes. Bursts that overflow the receive
+    /// buffer are lost and slow QUIC down; the kernel caps the value (`net.core.rmem_max`).
+    pub socket_buffer_bytes: usize,
 }
 
 impl Default for QuicTuning {
@@ -76,6 +85,9 @@ impl Default for QuicTuning {
             max_udp_payload: 65_527,
             initial_mtu: 1200,
             max_channels: 1024,
+            socket_buffer_bytes: 8 << 20,
+            ack_delay: Duration::from_millis(1),
+            ack_every_bytes: 1 << 20,
         }
     }
 }
@@ -120,12 +132,17 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) struct Shared {
     node: Arc<str>,
     endpoint: quinn::Endpoint,
-    client_config: quinn::ClientConfig,
+    /// Configurations for network paths and for loopback paths.
+    network: PathConfigs,
+    loopback: PathConfigs,
     address_book: RwLock<HashMap<String, SocketAddr>>,
     /// The connection used to write to each peer.
     links: Mutex<HashMap<Arc<str>, Arc<PeerLink>>>,
     /// One dial at a time per peer.
     dials: Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>,
+    /// Incoming channels per peer, whose owed acknowledgments ride along with writes to it.
+    ack_boards: Arc<Mutex<HashMap<Arc<str>, Arc<acks::AckBoard>>>>,
+    ack_clock: Arc<acks::AckClock>,
     /// In-flight byte windows per peer; they outlive reconnections.
     windows: Mutex<HashMap<Arc<str>, Arc<Semaphore>>>,
     regions: Arc<RegionTable>,
@@ -135,6 +152,24 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    pub(crate) fn ack_board(&self, peer: &str) -> Arc<acks::AckBoard> {
+        let mut boards = lock(&self.ack_boards);
+        if let Some(board) = boards.get(peer) {
+            return board.clone();
+        }
+        let board = Arc::new(acks::AckBoard::default());
+        boards.insert(peer.into(), board.clone());
+        board
+    }
+
+    pub(crate) fn path_configs(&self, remote: SocketAddr) -> &PathConfigs {
+        if remote.ip().is_loopback() {
+            &self.loopback
+        } else {
+            &self.network
+        }
+    }
+
     fn window(&self, peer: &str) -> Arc<Semaphore> {
         let mut windows = lock(&self.windows);
         if let Some(window) = windows.get(peer) {
@@ -152,6 +187,8 @@ impl Shared {
         self.endpoint
             .close(VarInt::from_u32(close_code::SHUTDOWN), b"endpoint closed");
         lock(&self.links).clear();
+        lock(&self.ack_boards).clear();
+        self.ack_clock.stop();
         self.regions.close_all();
     }
 }
@@ -175,7 +212,18 @@ impl Drop for QuicTransport {
     }
 }
 
-fn transport_config(tuning: &QuicTuning) -> Result<TransportConfig> {
+/// Largest UDP payload on a loopback path: the loopback MTU is 65,536 bytes, less the IPv6
+/// and UDP headers (IPv4 allows 19 bytes more; one value keeps it simple).
+const LOOPBACK_UDP_PAYLOAD: u16 = 65_488;
+/// The floor on loopback. Handshake packets are padded to it and their length field cannot
+/// exceed 16,383 bytes, so it stays well below that.
+const LOOPBACK_MIN_UDP_PAYLOAD: u16 = 12_000;
+
+/// Transport settings for a path. On loopback the path MTU is known, so packets start at the
+/// largest size and loss (a full socket buffer, not a small link) cannot shrink them below a
+/// high floor: per-packet work is most of QUIC's cost, and 1,200-byte packets would cut
+/// throughput several times.
+fn transport_config(tuning: &QuicTuning, loopback: bool) -> Result<TransportConfig> {
     let var = |value: u64, what: &str| {
         VarInt::from_u64(value)
             .map_err(|_| Error::Config(format!("QuicTuning::{what} is too large: {value}")))
@@ -198,12 +246,73 @@ fn transport_config(tuning: &QuicTuning) -> Result<TransportConfig> {
                     tuning.idle_timeout
                 ))
             },
-        )?))
-        .initial_mtu(tuning.initial_mtu.min(tuning.max_udp_payload));
-    let mut mtu = MtuDiscoveryConfig::default();
-    mtu.upper_bound(tuning.max_udp_payload);
-    config.mtu_discovery_config(Some(mtu));
+        )?));
+    if loopback {
+        let payload = LOOPBACK_UDP_PAYLOAD.min(tuning.max_udp_payload.max(1200));
+        let floor = LOOPBACK_MIN_UDP_PAYLOAD.min(payload);
+        // The initial congestion window must hold whole packets of that size (RFC 9002 asks
+        // for ten); quinn's default of 14,720 bytes would block the first one.
+        let mut cubic = quinn::congestion::CubicConfig::default();
+        cubic.initial_window(10 * u64::from(payload));
+        let mut mtu = MtuDiscoveryConfig::default();
+        mtu.upper_bound(payload)
+            .black_hole_cooldown(Duration::from_secs(5));
+        config
+            .initial_mtu(payload)
+            .min_mtu(floor)
+            .mtu_discovery_config(Some(mtu))
+            .congestion_controller_factory(Arc::new(cubic))
+            // A GSO batch of such datagrams would exceed the kernel's 64 KiB per send and be
+            // dropped whole.
+            .enable_segmentation_offload(false);
+    } else {
+        let mut mtu = MtuDiscoveryConfig::default();
+        mtu.upper_bound(tuning.max_udp_payload);
+        config
+            .initial_mtu(tuning.initial_mtu.min(tuning.max_udp_payload))
+            .mtu_discovery_config(Some(mtu));
+    }
     Ok(config)
+}
+
+/// Client and server configurations for one kind of path.
+#[derive(Clone)]
+pub(crate) struct PathConfigs {
+    pub(crate) client: quinn::ClientConfig,
+    pub(crate) server: Arc<quinn::ServerConfig>,
+}
+
+impl PathConfigs {
+    fn new(identity: &NodeIdentity, tuning: &QuicTuning, loopback: bool) -> Result<Self> {
+        let transport = Arc::new(transport_config(tuning, loopback)?);
+        let server_crypto = QuicServerConfig::try_from(tls::server_config(identity)?)
+            .map_err(|error| Error::Tls(format!("QUIC server crypto: {error}")))?;
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
+        server.transport_config(transport.clone());
+        let client_crypto = QuicClientConfig::try_from(tls::client_config(identity)?)
+            .map_err(|error| Error::Tls(format!("QUIC client crypto: {error}")))?;
+        let mut client = quinn::ClientConfig::new(Arc::new(client_crypto));
+        client.transport_config(transport);
+        Ok(Self {
+            client,
+            server: Arc::new(server),
+        })
+    }
+}
+
+/// Asks for larger socket buffers; the kernel may grant less, which only costs speed.
+fn size_socket_buffers(socket: &UdpSocket, bytes: usize) {
+    let outcome = quinn::udp::UdpSocketState::new(socket.into()).and_then(|state| {
+        state.set_recv_buffer_size(socket.into(), bytes)?;
+        state.set_send_buffer_size(socket.into(), bytes)?;
+        state.recv_buffer_size(socket.into())
+    });
+    match outcome {
+        Ok(granted) => tracing::debug!(requested = bytes, granted, "UDP socket buffers"),
+        Err(error) => {
+            tracing::warn!(%error, "could not size the UDP socket buffers; throughput may suffer")
+        }
+    }
 }
 
 impl QuicTransport {
@@ -217,15 +326,8 @@ impl QuicTransport {
                 "QuicTransport::bind must be called inside a tokio runtime".into(),
             ));
         }
-        let transport = Arc::new(transport_config(&config.tuning)?);
-        let server_crypto = QuicServerConfig::try_from(tls::server_config(&config.identity)?)
-            .map_err(|error| Error::Tls(format!("QUIC server crypto: {error}")))?;
-        let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
-        server_config.transport_config(transport.clone());
-        let client_crypto = QuicClientConfig::try_from(tls::client_config(&config.identity)?)
-            .map_err(|error| Error::Tls(format!("QUIC client crypto: {error}")))?;
-        let mut client_config = quinn::ClientConfig::new(Arc::new(client_crypto));
-        client_config.transport_config(transport);
+        let network = PathConfigs::new(&config.identity, &config.tuning, false)?;
+        let loopback = PathConfigs::new(&config.identity, &config.tuning, true)?;
 
         let mut endpoint_config = quinn::EndpointConfig::default();
         endpoint_config
@@ -236,9 +338,10 @@ impl QuicTransport {
             source,
         };
         let socket = UdpSocket::bind(config.listen).map_err(bind)?;
+        size_socket_buffers(&socket, config.tuning.socket_buffer_bytes);
         let endpoint = quinn::Endpoint::new(
             endpoint_config,
-            Some(server_config),
+            Some((*network.server).clone()),
             socket,
             Arc::new(quinn::TokioRuntime),
         )
@@ -247,17 +350,25 @@ impl QuicTransport {
         let shared = Arc::new(Shared {
             node,
             endpoint,
-            client_config,
+            network,
+            loopback,
             address_book: RwLock::new(config.peers),
             links: Mutex::new(HashMap::new()),
             dials: Mutex::new(HashMap::new()),
             windows: Mutex::new(HashMap::new()),
+            ack_boards: Arc::new(Mutex::new(HashMap::new())),
+            ack_clock: Arc::new(acks::AckClock::default()),
             regions: Arc::new(RegionTable::default()),
             limits: config.limits,
             tuning: config.tuning,
             closed: AtomicBool::new(false),
         });
         tokio::spawn(serve::accept_loop(shared.clone()));
+        tokio::spawn(acks::run_clock(
+            shared.ack_clock.clone(),
+            Arc::downgrade(&shared.ack_boards),
+            shared.tuning.ack_delay,
+        ));
         Ok(Self { shared })
     }
 
@@ -287,6 +398,14 @@ impl QuicTransport {
         let mut peers: Vec<String> = links.keys().map(|peer| peer.to_string()).collect();
         peers.sort();
         peers
+    }
+
+    /// Statistics of the connection used to write to `peer` (path MTU, round-trip time,
+    /// packets, losses), if one is open: for diagnosing throughput.
+    pub fn connection_stats(&self, peer: &str) -> Option<quinn::ConnectionStats> {
+        lock(&self.shared.links)
+            .get(peer)
+            .map(|link| link.connection.stats())
     }
 
     async fn post(&self, request: WriteRequest<'_>) -> Result<WriteTicket> {

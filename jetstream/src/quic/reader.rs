@@ -51,6 +51,8 @@ pub(crate) struct FrameReader<S> {
     source: S,
     /// Bytes received but not consumed yet.
     pending: Bytes,
+    /// The start of a frame split across chunks, kept here so that reading is cancel-safe.
+    partial: BytesMut,
     max_write_bytes: u64,
 }
 
@@ -59,6 +61,7 @@ impl<S: ChunkSource> FrameReader<S> {
         Self {
             source,
             pending: Bytes::new(),
+            partial: BytesMut::with_capacity(MAX_FRAME_LEN),
             max_write_bytes,
         }
     }
@@ -76,38 +79,45 @@ impl<S: ChunkSource> FrameReader<S> {
     }
 
     /// The next frame, or `None` when the stream ended cleanly between frames.
+    ///
+    /// Cancel-safe: if the future is dropped before it completes, the bytes it already took
+    /// stay in the reader and the next call continues the same frame.
     pub(crate) async fn next_frame(&mut self) -> Result<Option<Frame>, ReadError> {
-        // Fast path: the whole frame is in the current chunk.
-        match decode(&self.pending, self.max_write_bytes) {
-            Ok((frame, used)) => {
-                self.pending.advance(used);
-                return Ok(Some(frame));
-            }
-            Err(FrameError::Truncated { .. }) => {}
-            Err(error) => return Err(ReadError::Frame(error)),
-        }
-        let mut header = BytesMut::with_capacity(MAX_FRAME_LEN);
-        loop {
-            match decode(&header, self.max_write_bytes) {
+        if self.partial.is_empty() {
+            // Fast path: the whole frame is in the current chunk.
+            match decode(&self.pending, self.max_write_bytes) {
                 Ok((frame, used)) => {
-                    // Assembly stops at `needed`, which is the frame's exact length.
-                    if used < header.len() {
-                        let mut rest = BytesMut::from(&header[used..]);
-                        rest.extend_from_slice(&self.pending);
-                        self.pending = rest.freeze();
+                    self.pending.advance(used);
+                    return Ok(Some(frame));
+                }
+                Err(FrameError::Truncated { .. }) => {}
+                Err(error) => return Err(ReadError::Frame(error)),
+            }
+        }
+        loop {
+            match decode(&self.partial, self.max_write_bytes) {
+                Ok((frame, used)) => {
+                    // Assembly stops at `needed`, the frame's exact length, so this is rare.
+                    let rest = self.partial.split_off(used);
+                    self.partial.clear();
+                    if !rest.is_empty() {
+                        let mut joined = rest;
+                        joined.extend_from_slice(&self.pending);
+                        self.pending = joined.freeze();
                     }
                     return Ok(Some(frame));
                 }
                 Err(FrameError::Truncated { needed }) => {
-                    while header.len() < needed {
-                        let Some(chunk) = self.next_bytes(needed - header.len()).await? else {
-                            return if header.is_empty() {
+                    while self.partial.len() < needed {
+                        let Some(chunk) = self.next_bytes(needed - self.partial.len()).await?
+                        else {
+                            return if self.partial.is_empty() {
                                 Ok(None)
                             } else {
                                 Err(ReadError::UnexpectedEnd)
                             };
                         };
-                        header.extend_from_slice(&chunk);
+                        self.partial.extend_from_slice(&chunk);
                     }
                 }
                 Err(error) => return Err(ReadError::Frame(error)),
@@ -231,6 +241,69 @@ mod tests {
             });
             prop_assert_eq!(outcome, Err(ReadError::UnexpectedEnd));
         }
+    }
+
+    /// Yields one byte per ready call and is not ready every other poll.
+    struct Dribble {
+        bytes: VecDeque<u8>,
+        ready: bool,
+    }
+
+    impl ChunkSource for Dribble {
+        fn next_chunk(
+            &mut self,
+            _max: usize,
+        ) -> impl Future<Output = Result<Option<Bytes>, String>> + Send {
+            self.ready = !self.ready;
+            // Like a real stream, a byte is taken only when the read completes.
+            let outcome = if self.ready {
+                Some(
+                    self.bytes
+                        .pop_front()
+                        .map(|byte| Bytes::copy_from_slice(&[byte])),
+                )
+            } else {
+                None
+            };
+            let mut outcome = outcome;
+            std::future::poll_fn(move |_| match outcome.take() {
+                Some(chunk) => std::task::Poll::Ready(Ok(chunk)),
+                None => std::task::Poll::Pending,
+            })
+        }
+    }
+
+    #[test]
+    fn dropping_a_pending_read_loses_nothing() {
+        let frames = [
+            Frame::Hello {
+                node: "attn".into(),
+            },
+            Frame::Ack { through: 9 },
+            Frame::OpenChannel { channel: 2 },
+        ];
+        let wire: Vec<u8> = frames.iter().flat_map(Frame::to_vec).collect();
+        let mut reader = FrameReader::new(
+            Dribble {
+                bytes: wire.into_iter().collect(),
+                ready: false,
+            },
+            1 << 20,
+        );
+        let waker = std::task::Waker::noop();
+        let mut context = std::task::Context::from_waker(waker);
+        let mut seen = Vec::new();
+        for _ in 0..10_000 {
+            // Poll once, then drop the future whether or not it finished.
+            let mut read = std::pin::pin!(reader.next_frame());
+            match read.as_mut().poll(&mut context) {
+                std::task::Poll::Ready(Ok(Some(frame))) => seen.push(frame),
+                std::task::Poll::Ready(Ok(None)) => break,
+                std::task::Poll::Ready(Err(error)) => panic!("{error}"),
+                std::task::Poll::Pending => {}
+            }
+        }
+        assert_eq!(seen, frames);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use quinn::VarInt;
 use rustls_pki_types::CertificateDer;
 use tracing::{debug, warn};
 
+use super::acks::AckLane;
 use super::reader::{FrameReader, ReadError};
 use super::{Shared, close_code, link};
 use crate::codec::Frame;
@@ -30,8 +31,11 @@ async fn handshake(shared: Arc<Shared>, incoming: quinn::Incoming) {
     let remote = incoming.remote_address();
     let timeout = shared.tuning.connect_timeout;
     let outcome = tokio::time::timeout(timeout, async {
+        let connecting = incoming
+            .accept_with(shared.path_configs(remote).server.clone())
+            .map_err(|error| format!("could not accept: {error}"))?;
         // A client without a certificate from the cluster CA fails here, inside TLS.
-        let connection = incoming
+        let connection = connecting
             .await
             .map_err(|error| format!("handshake failed: {error}"))?;
         let chain = connection
@@ -115,10 +119,14 @@ impl From<ReadError> for ChannelEnd {
 async fn serve_channel(
     shared: Arc<Shared>,
     peer: Arc<str>,
-    mut send: quinn::SendStream,
+    send: quinn::SendStream,
     recv: quinn::RecvStream,
 ) {
     let mut reader = FrameReader::new(recv, shared.limits.max_write_bytes);
+    let lane = Arc::new(AckLane::new(send, shared.ack_clock.clone()));
+    shared.ack_board(&peer).add(&lane);
+    let ack_every_bytes = shared.tuning.ack_every_bytes;
+    let gone = |error: quinn::WriteError| ChannelEnd::Gone(error.to_string());
     let outcome: Result<(), ChannelEnd> = async {
         let channel = match reader.next_frame().await? {
             Some(Frame::OpenChannel { channel }) => channel,
@@ -130,7 +138,8 @@ async fn serve_channel(
             }
         };
         loop {
-            let header = match reader.next_frame().await? {
+            let next = reader.next_frame().await;
+            let header = match next? {
                 Some(Frame::Write(header)) => header,
                 None => return Ok(()),
                 Some(other) => {
@@ -139,35 +148,35 @@ async fn serve_channel(
                     )));
                 }
             };
-            let reply = match shared.regions.admit(&peer, &header) {
+            match shared.regions.admit(&peer, &header) {
                 Ok(region) => {
-                    let mut landing = region.begin_landing(&header).await;
+                    let mut landing = match region.try_begin_landing(&header) {
+                        Some(landing) => landing,
+                        None => {
+                            // The owner holds a view: do not keep earlier writes unacknowledged
+                            // while waiting for it.
+                            lane.flush().await.map_err(gone)?;
+                            region.begin_landing(&header).await
+                        }
+                    };
                     reader
                         .read_payload(header.len as usize, |chunk| landing.put(chunk))
                         .await?;
                     landing.finish(peer.clone(), channel, &header);
-                    Frame::Ack {
-                        through: header.seq,
+                    if lane.owe(header.seq, u64::from(header.len)) >= ack_every_bytes {
+                        lane.flush().await.map_err(gone)?;
                     }
                 }
                 Err(reason) => {
                     reader.read_payload(header.len as usize, |_| {}).await?;
-                    Frame::Nack {
-                        seq: header.seq,
-                        reason,
-                    }
+                    lane.refuse(header.seq, reason).await.map_err(gone)?;
                 }
-            };
-            send.write_all(&reply.to_vec())
-                .await
-                .map_err(|error| ChannelEnd::Gone(error.to_string()))?;
+            }
         }
     }
     .await;
     match outcome {
-        Ok(()) => {
-            let _ = send.finish();
-        }
+        Ok(()) => lane.close(None).await,
         Err(end) => {
             match end {
                 ChannelEnd::Gone(reason) => {
@@ -179,7 +188,7 @@ async fn serve_channel(
             }
             let code = VarInt::from_u32(close_code::PROTOCOL);
             let _ = reader.source_mut().stop(code);
-            let _ = send.reset(code);
+            lane.close(Some(code)).await;
         }
     }
 }
