@@ -3,19 +3,30 @@
 //! Each subcommand lives in its own module beside this file: an `Args` struct (clap) and a
 //! `run(args) -> anyhow::Result<()>`. This file only parses the command line and dispatches.
 
+mod certs;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "afd", version, about = "Attention-FFN disaggregated MoE inference server")]
+#[command(
+    name = "afd",
+    version,
+    about = "Attention-FFN disaggregated MoE inference server"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Make the cluster CA and node certificates for JetStream's mutual TLS.
+    Certs(certs::CertsArgs),
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Certs(args) => certs::run(args),
+    }
 }
