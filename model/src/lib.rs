@@ -6,3 +6,24 @@
 //! forward that everything else is verified against, and synthetic checkpoints.
 //!
 //! Must not: depend on any other afd crate or do network I/O.
+
+pub mod config;
+pub mod error;
+
+pub use config::{Family, ModelConfig};
+pub use error::{Error, Result};
+pub mod checkpoint;
+pub mod kernels;
+pub mod mxfp4;
+pub mod weights;
+
+pub use weights::{ModelWeights, WeightFormat, WeightMatrix};
+pub mod forward;
+
+pub use forward::{LogitsFor, ReferenceModel, SeqChunk};
+pub mod synth;
+pub mod tokenizer;
+
+pub use tokenizer::ModelTokenizer;
+pub mod generate;
+pub mod sampling;

@@ -4,6 +4,8 @@
 //! `run(args) -> anyhow::Result<()>`. This file only parses the command line and dispatches.
 
 mod certs;
+mod generate;
+mod synth;
 
 use clap::{Parser, Subcommand};
 
@@ -22,11 +24,17 @@ struct Cli {
 enum Command {
     /// Make the cluster CA and node certificates for JetStream's mutual TLS.
     Certs(certs::CertsArgs),
+    /// Generate from one prompt and print {prompt_ids, output_ids, text} as JSON.
+    Generate(generate::GenerateArgs),
+    /// Write a random checkpoint in Hugging Face layout.
+    Synth(synth::SynthArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Certs(args) => certs::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Synth(args) => synth::run(args),
     }
 }

@@ -1,0 +1,111 @@
+//! `afd generate`: one prompt in, one JSON object out.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use model::generate::{GenerationRequest, generate};
+use model::sampling::SamplingParams;
+use model::{ModelTokenizer, ModelWeights, ReferenceModel};
+
+/// Generate a continuation of one prompt and print `{prompt_ids, output_ids, text}` as JSON.
+#[derive(Debug, clap::Args)]
+pub struct GenerateArgs {
+    /// Checkpoint folder (Hugging Face layout).
+    #[arg(long)]
+    model: PathBuf,
+    /// Run the monolithic reference forward (the whole model in this process).
+    #[arg(long)]
+    reference: bool,
+    /// Prompt as comma-separated token ids.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "prompt",
+        required_unless_present = "prompt"
+    )]
+    prompt_ids: Vec<u32>,
+    /// Prompt as text (needs the checkpoint's tokenizer.json).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling mass.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the k most probable tokens (0: off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Drop tokens below this fraction of the most probable one's probability.
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Keep generating after an end-of-sequence token.
+    #[arg(long)]
+    ignore_eos: bool,
+}
+
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    if !args.reference {
+        bail!(
+            "only --reference is available so far: the disaggregated path (--cards N) arrives with \
+             the pipeline; run `afd generate --model {} --reference ...`",
+            args.model.display()
+        );
+    }
+    if !(0.0..=2.0).contains(&args.temperature)
+        || !(0.0..=1.0).contains(&args.top_p)
+        || args.top_p == 0.0
+    {
+        bail!("--temperature must be in [0, 2] and --top-p in (0, 1]");
+    }
+    let tokenizer = ModelTokenizer::load(&args.model);
+    let prompt_ids = match &args.prompt {
+        Some(text) => tokenizer
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .encode(text, true)
+            .context("tokenizing --prompt")?,
+        None => args.prompt_ids.clone(),
+    };
+    let weights = ModelWeights::load(&args.model)
+        .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;
+    let stop_token_ids = match (&tokenizer, args.ignore_eos) {
+        (_, true) => Vec::new(),
+        (Ok(t), false) => t.eos_token_ids.clone(),
+        (Err(_), false) => weights.config.eos_token_ids.clone(),
+    };
+    let mut model = ReferenceModel::new(weights)?;
+    let request = GenerationRequest {
+        prompt: prompt_ids.clone(),
+        max_tokens: args.max_tokens,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p,
+            seed: args.seed,
+        },
+        stop_token_ids,
+    };
+    let generation = generate(&mut model, std::slice::from_ref(&request), 0)?
+        .pop()
+        .context("the generator returned no sequence")?;
+    let text = match &tokenizer {
+        Ok(t) => Some(t.decode(&generation.output_ids, false)?),
+        Err(_) => None,
+    };
+    let out = serde_json::json!({
+        "prompt_ids": prompt_ids,
+        "output_ids": generation.output_ids,
+        "text": text,
+        "finish_reason": generation.finish_reason,
+    });
+    println!("{out}");
+    Ok(())
+}

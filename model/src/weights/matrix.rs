@@ -1,0 +1,255 @@
+//! [`WeightMatrix`]: a 2-D weight `[rows = out, cols = in]` in the format it is stored in.
+//!
+//! Rows may be a strided selection of a larger stored tensor (one expert of a fused
+//! `[E * 2I, H]` tensor, the gate rows of an interleaved gate/up matrix), so selecting never
+//! copies. Values are decoded to f32 one row at a time, inside the kernels.
+
+use crate::checkpoint::{SharedBytes, StoredDtype, StoredTensor};
+use crate::error::{Error, Result};
+use crate::mxfp4;
+
+/// How the elements of a weight matrix are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightFormat {
+    /// 32-bit float.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    F16,
+    /// MXFP4 blocks of 32 with an E8M0 scale.
+    Mxfp4,
+}
+
+impl WeightFormat {
+    /// Bytes one row of `cols` elements takes (blocks plus scales for MXFP4).
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            WeightFormat::F32 => cols * 4,
+            WeightFormat::Bf16 | WeightFormat::F16 => cols * 2,
+            WeightFormat::Mxfp4 => cols / mxfp4::BLOCK * (mxfp4::BLOCK_BYTES + 1),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::F16 => "f16",
+            WeightFormat::Mxfp4 => "mxfp4",
+        })
+    }
+}
+
+/// A weight matrix `[rows, cols]`, `out x in` like `nn.Linear.weight`.
+#[derive(Debug, Clone)]
+pub struct WeightMatrix {
+    rows: usize,
+    cols: usize,
+    format: WeightFormat,
+    /// Dense elements `[physical rows, cols]`, or MXFP4 blocks `[physical rows, cols / 32, 16]`.
+    data: SharedBytes,
+    /// MXFP4 scales `[physical rows, cols / 32]`.
+    scales: Option<SharedBytes>,
+    first_row: usize,
+    row_step: usize,
+}
+
+impl WeightMatrix {
+    /// A dense matrix over the bytes of `tensor`, whose element count must be `rows * cols`.
+    pub fn dense(tensor: &StoredTensor, rows: usize, cols: usize) -> Result<Self> {
+        let format = match tensor.dtype {
+            StoredDtype::F32 => WeightFormat::F32,
+            StoredDtype::Bf16 => WeightFormat::Bf16,
+            StoredDtype::F16 => WeightFormat::F16,
+            _ => return Err(tensor.unsupported("F32, BF16 or F16")),
+        };
+        if tensor.shape.iter().product::<usize>() != rows * cols {
+            return Err(Error::ShapeMismatch {
+                file: tensor.file.clone(),
+                tensor: tensor.name.clone(),
+                expected: vec![rows, cols],
+                actual: tensor.shape.clone(),
+            });
+        }
+        Ok(Self::from_bytes(format, rows, cols, tensor.bytes.clone()))
+    }
+
+    /// A dense matrix over raw little-endian bytes of `format`.
+    pub fn from_bytes(format: WeightFormat, rows: usize, cols: usize, data: SharedBytes) -> Self {
+        assert!(format != WeightFormat::Mxfp4, "use WeightMatrix::mxfp4");
+        assert_eq!(
+            data.len(),
+            rows * format.row_bytes(cols),
+            "dense matrix byte count"
+        );
+        WeightMatrix {
+            rows,
+            cols,
+            format,
+            data: data.aligned(4),
+            scales: None,
+            first_row: 0,
+            row_step: 1,
+        }
+    }
+
+    /// An f32 matrix owning `values` (`rows * cols`, row-major).
+    pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Self {
+        Self::from_bytes(WeightFormat::F32, rows, cols, SharedBytes::from_f32(values))
+    }
+
+    /// An MXFP4 matrix over packed `blocks` (`rows * cols / 2` bytes) and `scales`
+    /// (`rows * cols / 32` bytes).
+    pub fn mxfp4(rows: usize, cols: usize, blocks: SharedBytes, scales: SharedBytes) -> Self {
+        assert_eq!(
+            cols % mxfp4::BLOCK,
+            0,
+            "MXFP4 columns must be a multiple of 32"
+        );
+        assert_eq!(blocks.len(), rows * cols / 2, "MXFP4 block byte count");
+        assert_eq!(
+            scales.len(),
+            rows * cols / mxfp4::BLOCK,
+            "MXFP4 scale byte count"
+        );
+        WeightMatrix {
+            rows,
+            cols,
+            format: WeightFormat::Mxfp4,
+            data: blocks,
+            scales: Some(scales),
+            first_row: 0,
+            row_step: 1,
+        }
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Storage format.
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// Bytes the selected rows occupy in their stored format.
+    pub fn stored_bytes(&self) -> usize {
+        self.rows * self.format.row_bytes(self.cols)
+    }
+
+    /// Rows `start, start + step, ...` (`count` of them), without copying.
+    pub fn select_rows(&self, start: usize, step: usize, count: usize) -> Self {
+        assert!(step >= 1 && count >= 1, "empty row selection");
+        assert!(
+            start + (count - 1) * step < self.rows,
+            "row selection out of range"
+        );
+        WeightMatrix {
+            rows: count,
+            first_row: self.first_row + start * self.row_step,
+            row_step: self.row_step * step,
+            ..self.clone()
+        }
+    }
+
+    fn physical_row(&self, r: usize) -> usize {
+        debug_assert!(r < self.rows);
+        self.first_row + r * self.row_step
+    }
+
+    /// Raw stored bytes of row `r` (for MXFP4, its packed blocks; see [`Self::row_scales`]).
+    pub fn row_bytes(&self, r: usize) -> &[u8] {
+        let per_row = match self.format {
+            WeightFormat::Mxfp4 => self.cols / 2,
+            f => f.row_bytes(self.cols),
+        };
+        let p = self.physical_row(r);
+        &self.data.as_bytes()[p * per_row..(p + 1) * per_row]
+    }
+
+    /// MXFP4 scale bytes of row `r` (empty for dense formats).
+    pub fn row_scales(&self, r: usize) -> &[u8] {
+        match &self.scales {
+            Some(s) => {
+                let per_row = self.cols / mxfp4::BLOCK;
+                let p = self.physical_row(r);
+                &s.as_bytes()[p * per_row..(p + 1) * per_row]
+            }
+            None => &[],
+        }
+    }
+
+    /// Decodes row `r` into `out` (`cols` values).
+    #[inline(always)]
+    pub fn decode_row(&self, r: usize, scale_lut: &[f32; 256], out: &mut [f32]) {
+        let bytes = self.row_bytes(r);
+        match self.format {
+            WeightFormat::F32 => {
+                let src: &[f32] = bytemuck::cast_slice(bytes);
+                out.copy_from_slice(src);
+            }
+            WeightFormat::Bf16 => {
+                let src: &[u16] = bytemuck::cast_slice(bytes);
+                for (o, &b) in out.iter_mut().zip(src) {
+                    *o = f32::from_bits((b as u32) << 16);
+                }
+            }
+            WeightFormat::F16 => {
+                let src: &[u16] = bytemuck::cast_slice(bytes);
+                for (o, &b) in out.iter_mut().zip(src) {
+                    *o = half::f16::from_bits(b).to_f32();
+                }
+            }
+            WeightFormat::Mxfp4 => mxfp4::decode_row(bytes, self.row_scales(r), scale_lut, out),
+        }
+    }
+
+    /// Element `(r, k)` decoded to f32 (for kernel tails; slow per element).
+    pub fn element(&self, r: usize, k: usize) -> f32 {
+        let bytes = self.row_bytes(r);
+        match self.format {
+            WeightFormat::F32 => f32::from_le_bytes([
+                bytes[4 * k],
+                bytes[4 * k + 1],
+                bytes[4 * k + 2],
+                bytes[4 * k + 3],
+            ]),
+            WeightFormat::Bf16 => {
+                f32::from_bits((u16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]]) as u32) << 16)
+            }
+            WeightFormat::F16 => {
+                half::f16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]]).to_f32()
+            }
+            WeightFormat::Mxfp4 => {
+                let b = bytes[k / 2];
+                let nibble = if k.is_multiple_of(2) {
+                    b & 0x0f
+                } else {
+                    b >> 4
+                };
+                mxfp4::FP4_VALUES[nibble as usize]
+                    * mxfp4::SCALE_LUT[self.row_scales(r)[k / mxfp4::BLOCK] as usize]
+            }
+        }
+    }
+
+    /// The whole matrix decoded to f32, row-major (for small matrices and tests).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let lut = mxfp4::scale_table();
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+            self.decode_row(r, lut, row);
+        }
+        out
+    }
+}

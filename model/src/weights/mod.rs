@@ -1,0 +1,124 @@
+//! The family-neutral description of a model's weights.
+//!
+//! Whatever the family and the tensor naming, a checkpoint becomes a [`ModelWeights`]:
+//! embeddings, per layer the attention projections, norms, and either a router with experts
+//! or a dense FFN, then the final norm and the LM head. Large matrices stay in their stored
+//! format ([`WeightMatrix`]); small vectors (norms, biases, sinks) are converted to f32.
+
+mod load;
+mod matrix;
+
+pub use load::{ExpertFilter, LoadOptions};
+pub use matrix::{WeightFormat, WeightMatrix};
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+
+/// A linear layer `y = x W^T + b`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// `[out, in]`.
+    pub weight: WeightMatrix,
+    /// `[out]`, when the layer has a bias.
+    pub bias: Option<Vec<f32>>,
+}
+
+/// A gated MLP: one expert, or a dense FFN layer. `y = down(act(gate(x), up(x)))`.
+#[derive(Debug, Clone)]
+pub struct GatedMlp {
+    /// `[intermediate, hidden]`.
+    pub gate: Linear,
+    /// `[intermediate, hidden]`.
+    pub up: Linear,
+    /// `[hidden, intermediate]`.
+    pub down: Linear,
+}
+
+impl GatedMlp {
+    /// Intermediate width.
+    pub fn intermediate_size(&self) -> usize {
+        self.gate.weight.rows()
+    }
+
+    /// Bytes of the three matrices in their stored format.
+    pub fn stored_bytes(&self) -> usize {
+        self.gate.weight.stored_bytes()
+            + self.up.weight.stored_bytes()
+            + self.down.weight.stored_bytes()
+    }
+}
+
+/// A mixture-of-experts layer's weights.
+#[derive(Debug, Clone)]
+pub struct MoeWeights {
+    /// Router gate `[num_experts, hidden]`.
+    pub router: Linear,
+    /// One entry per expert id; `None` where [`LoadOptions`] left the expert out.
+    pub experts: Vec<Option<GatedMlp>>,
+}
+
+impl MoeWeights {
+    /// Expert `e`, or an error if it was not loaded.
+    pub fn expert(&self, e: usize) -> Result<&GatedMlp> {
+        self.experts
+            .get(e)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::InvalidInput(format!("expert {e} is not loaded in this process")))
+    }
+}
+
+/// The feed-forward half of a layer.
+#[derive(Debug, Clone)]
+pub enum FfnWeights {
+    /// Routed experts.
+    Moe(MoeWeights),
+    /// A dense gated MLP.
+    Dense(GatedMlp),
+}
+
+/// Attention projections of one layer.
+#[derive(Debug, Clone)]
+pub struct AttentionWeights {
+    /// `[heads * head_dim, hidden]`.
+    pub q: Linear,
+    /// `[kv_heads * head_dim, hidden]`.
+    pub k: Linear,
+    /// `[kv_heads * head_dim, hidden]`.
+    pub v: Linear,
+    /// `[hidden, heads * head_dim]`.
+    pub o: Linear,
+    /// Per-head RMSNorm of q (`[head_dim]`, Qwen3).
+    pub q_norm: Option<Vec<f32>>,
+    /// Per-head RMSNorm of k (`[head_dim]`, Qwen3).
+    pub k_norm: Option<Vec<f32>>,
+    /// Sink logit per query head (`[heads]`, GPT-OSS).
+    pub sinks: Option<Vec<f32>>,
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    /// RMSNorm before attention.
+    pub input_norm: Vec<f32>,
+    /// Attention projections.
+    pub attention: AttentionWeights,
+    /// RMSNorm before the FFN.
+    pub post_attention_norm: Vec<f32>,
+    /// The FFN.
+    pub ffn: FfnWeights,
+}
+
+/// A whole model, family-neutral.
+#[derive(Debug, Clone)]
+pub struct ModelWeights {
+    /// The configuration the weights were checked against.
+    pub config: ModelConfig,
+    /// `[vocab, hidden]`.
+    pub embed: WeightMatrix,
+    /// Decoder layers.
+    pub layers: Vec<LayerWeights>,
+    /// Final RMSNorm.
+    pub final_norm: Vec<f32>,
+    /// `[vocab, hidden]` (the embedding matrix when tied).
+    pub lm_head: WeightMatrix,
+}
