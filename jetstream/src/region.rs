@@ -260,7 +260,9 @@ impl RegionTable {
 /// A registered region, owned by the node that registered it.
 ///
 /// Dropping it deregisters the region: later writes to it fail with
-/// [`Error::UnknownRegion`]; views still held stay valid.
+/// [`Error::UnknownRegion`]; views still held stay valid. The memory is plain bytes with no
+/// alignment promised beyond one byte: decode values from views with unaligned reads (for
+/// example `f32::from_le_bytes`) rather than by casting pointers.
 pub struct Region {
     shared: Arc<RegionShared>,
     node: Arc<str>,

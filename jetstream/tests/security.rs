@@ -117,3 +117,22 @@ async fn a_connected_peer_writes_only_into_granted_regions() {
     assert!(partials.try_next_completion().unwrap().is_none());
     assert_eq!(&*partials.read(0..128).await.unwrap(), &pattern(128, 1)[..]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_from_pem_files_added_at_different_times_connect() {
+    let dir = tempfile::tempdir().unwrap();
+    jetstream::write_cluster(dir.path(), &["attn".to_owned()]).unwrap();
+    // A second call reuses the CA in the directory.
+    jetstream::write_cluster(dir.path(), &["card-0".to_owned()]).unwrap();
+    let card = bind(NodeIdentity::read_pem(dir.path(), "card-0").unwrap());
+    let attn = bind(NodeIdentity::read_pem(dir.path(), "attn").unwrap());
+    attn.add_peer("card-0", card.local_addr().unwrap());
+    let inbox = card.register(RegionConfig::new(64).grant("attn")).unwrap();
+    let data = pattern(64, 3);
+    attn.write(WriteRequest::new(&inbox.descriptor(), 0, data.clone()).immediate(11))
+        .await
+        .unwrap();
+    let done = inbox.next_completion().await.unwrap();
+    assert_eq!((&*done.peer, done.immediate), ("attn", 11));
+    assert_eq!(&*inbox.read(done.range()).await.unwrap(), &data[..]);
+}
