@@ -233,6 +233,7 @@ impl InprocTransport {
             immediate: header.immediate,
         };
         let (pending, ticket) = PendingWrite::new(0, receipt, Some(permit), timeout);
+        let pending = pending.with_target_len(request.target.len);
         let link = node.link(&target, request.channel);
         if let Err(mpsc::error::SendError(delivery)) = link.send(Delivery {
             header,

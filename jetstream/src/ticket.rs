@@ -47,7 +47,7 @@ impl WriteTicket {
         match tokio::time::timeout(self.timeout, self.slot.pop()).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(_)) => Err(Error::Closed {
-                what: "write ticket",
+                what: "channel carrying this write",
             }),
             Err(_) => Err(Error::Timeout {
                 what: "the write's acknowledgment",
@@ -61,7 +61,7 @@ impl WriteTicket {
         match self.slot.pop_blocking(self.timeout) {
             Ok(outcome) => outcome,
             Err(PopError::Closed) => Err(Error::Closed {
-                what: "write ticket",
+                what: "channel carrying this write",
             }),
             Err(PopError::TimedOut) => Err(Error::Timeout {
                 what: "the write's acknowledgment",
@@ -81,6 +81,8 @@ pub(crate) struct PendingWrite {
     pub(crate) seq: u64,
     receipt: WriteReceipt,
     slot: Arc<Mailbox<Result<WriteReceipt>>>,
+    /// The region length in the writer's descriptor.
+    target_len: u64,
     /// Bytes of the peer's in-flight window, given back when this is dropped.
     _window: Option<OwnedSemaphorePermit>,
 }
@@ -103,14 +105,21 @@ impl PendingWrite {
                 seq,
                 receipt,
                 slot,
+                target_len: 0,
                 _window: window,
             },
             ticket,
         )
     }
 
+    /// Also records the region length the writer's descriptor claimed, for error messages.
+    pub(crate) fn with_target_len(mut self, len: u64) -> Self {
+        self.target_len = len;
+        self
+    }
+
     pub(crate) fn succeed(self) {
-        let _ = self.slot.push(Ok(self.receipt));
+        let _ = self.slot.push(Ok(self.receipt.clone()));
     }
 
     pub(crate) fn refuse(self, reason: NackReason) {
@@ -120,12 +129,12 @@ impl PendingWrite {
             NackReason::UnknownRegion => Error::UnknownRegion { peer, region },
             NackReason::WrongKey => Error::WrongKey { peer, region },
             NackReason::NotGranted => Error::NotGranted { peer, region },
+            // The writer checked against its descriptor, so the descriptor is stale or forged.
             NackReason::OutOfBounds => Error::OutOfBounds {
                 region,
                 offset: self.receipt.offset,
                 len: self.receipt.len,
-                // The writer checked against its descriptor, so the region shrank or was replaced.
-                region_len: 0,
+                region_len: self.target_len,
             },
         };
         let _ = self.slot.push(Err(error));
@@ -133,6 +142,14 @@ impl PendingWrite {
 
     pub(crate) fn fail(self, error: Error) {
         let _ = self.slot.push(Err(error));
+    }
+}
+
+impl Drop for PendingWrite {
+    /// A write dropped without an outcome (its channel vanished) closes its ticket, so the
+    /// writer learns at once instead of waiting for the timeout.
+    fn drop(&mut self) {
+        self.slot.close();
     }
 }
 

@@ -240,6 +240,7 @@ impl ChannelTx {
             immediate: header.immediate,
         };
         let (pending, ticket) = PendingWrite::new(seq, receipt, Some(window), timeout);
+        let pending = pending.with_target_len(request.target.len);
         if lock(&self.pending).push(pending).is_err() {
             return Err(gone(&self.peer, "the channel's stream failed"));
         }
