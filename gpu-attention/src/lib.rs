@@ -2,6 +2,13 @@
 //!
 //! Owns the layers up to the MoE input (norms, attention, the paged KV cache), top-k routing,
 //! per-layer dispatch to the cards and combination of their partial sums over JetStream,
-//! micro-batch overlap, the LM-head proposal merge and sampling, and the step API.
+//! micro-batch overlap, the LM-head proposal merge and sampling, and the step API
+//! ([`step::AttentionNode`]) the router drives.
 //!
 //! Must not: depend on `corsair-ffn`; it knows the cards only through `proto` and `jetstream`.
+
+pub mod step;
+
+pub use step::{
+    AttentionNode, KvCapacity, SampleRequest, StepBatch, StepEntry, StepError, StepOutput,
+};

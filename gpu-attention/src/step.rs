@@ -1,0 +1,142 @@
+//! The step API of one attention node: what the router drives, in process or over tonic.
+//!
+//! The router owns scheduling and KV-block allocation (as vLLM's scheduler does); the node owns
+//! the KV cache memory and the model math. Each step the router sends, per scheduled sequence,
+//! the new tokens (a prompt chunk, or the token sampled last step), where they start, the
+//! sequence's block table, and whether to sample after them. The node appends the tokens'
+//! keys and values into the given blocks, runs every layer (dispatching experts to the cards),
+//! and returns one sampled token (with logprobs) per sequence that asked for one.
+
+use model::sampling::SamplingParams;
+
+/// A sequence, as the router names it (unique per attention node while it is running).
+pub type SeqId = u64;
+
+/// Repetition penalties (vLLM semantics): `presence` and `frequency` apply to tokens generated
+/// so far; `repetition` divides positive logits (multiplies negative ones) of every token seen
+/// in the prompt or the output. The node tracks each sequence's tokens itself.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Penalties {
+    /// Subtracted once from the logit of every token already generated.
+    pub presence: f32,
+    /// Subtracted per occurrence from the logit of every token already generated.
+    pub frequency: f32,
+    /// > 1 discourages tokens already seen anywhere in the sequence; 1 disables.
+    pub repetition: f32,
+}
+
+impl Default for Penalties {
+    fn default() -> Self {
+        Penalties {
+            presence: 0.0,
+            frequency: 0.0,
+            repetition: 1.0,
+        }
+    }
+}
+
+impl Penalties {
+    /// Whether any penalty is active.
+    pub fn is_active(&self) -> bool {
+        self.presence != 0.0 || self.frequency != 0.0 || self.repetition != 1.0
+    }
+}
+
+/// How to pick the token that follows a sequence's last new token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleRequest {
+    /// Temperature, top-p, top-k, min-p and seed.
+    pub params: SamplingParams,
+    /// Repetition penalties.
+    pub penalties: Penalties,
+    /// How many most likely alternatives to return with their logprobs (0: none; at most 20).
+    pub top_logprobs: usize,
+}
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepEntry {
+    /// The sequence.
+    pub seq: SeqId,
+    /// New tokens: a prompt chunk, or the token sampled at the previous step.
+    pub tokens: Vec<u32>,
+    /// Position of the first new token (tokens of this sequence already in the cache).
+    pub start: usize,
+    /// How many of the sequence's tokens are prompt (for penalties: the rest are output).
+    pub prompt_len: usize,
+    /// Physical KV blocks of the sequence, in order; enough for `start + tokens.len()` tokens.
+    pub block_table: Vec<u32>,
+    /// Sample after the last new token (false for prompt chunks that are not the last one).
+    pub sample: Option<SampleRequest>,
+}
+
+/// One step of one attention node.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepBatch {
+    /// The scheduled sequences; each appears at most once.
+    pub entries: Vec<StepEntry>,
+}
+
+/// A sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledToken {
+    /// The sequence.
+    pub seq: SeqId,
+    /// The token.
+    pub token: u32,
+    /// Its log-probability under the model's distribution (temperature 1, no filters, no
+    /// penalties), as vLLM reports it.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, best first (`top_logprobs` of them).
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// What a step returns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepOutput {
+    /// One entry per [`StepEntry`] that asked to sample, in batch order.
+    pub sampled: Vec<SampledToken>,
+}
+
+/// The KV cache geometry of a node, for the router's block accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCapacity {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Blocks in the cache (ids `0..num_blocks`).
+    pub num_blocks: usize,
+}
+
+/// Errors of a step. The router treats them as fatal for the step's sequences.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The batch itself is inconsistent (unknown block, wrong start, duplicate sequence, ...).
+    #[error("invalid step: {0}")]
+    Invalid(String),
+    /// A card did not answer in time or went away.
+    #[error("card {card} failed: {message}")]
+    Card {
+        /// The card's index.
+        card: usize,
+        /// What happened.
+        message: String,
+    },
+    /// The model computation failed.
+    #[error("model error: {0}")]
+    Model(String),
+    /// The node is unreachable (remote nodes).
+    #[error("attention node unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// One attention node, driven by the router one step at a time.
+pub trait AttentionNode: Send {
+    /// The node's KV cache geometry.
+    fn kv_capacity(&self) -> KvCapacity;
+
+    /// Runs one step.
+    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError>;
+
+    /// Forgets sequences (finished, cancelled or preempted); their blocks are the router's again.
+    fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError>;
+}
