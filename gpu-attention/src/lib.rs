@@ -7,6 +7,8 @@
 //!
 //! Must not: depend on `corsair-ffn`; it knows the cards only through `proto` and `jetstream`.
 
+pub mod monolithic;
+pub mod sampler;
 pub mod step;
 
 pub use step::{

@@ -1,0 +1,279 @@
+//! [`MonolithicNode`]: the whole model in this process (the reference forward), behind the
+//! same step API as the disaggregated node. It is the baseline the disaggregated path is
+//! measured and verified against, and a working engine before any card exists.
+//!
+//! KV blocks are accounted for (the block table must cover every token) but the keys and values
+//! live in the reference model's contiguous cache.
+
+use std::collections::HashMap;
+
+use model::forward::{LogitsFor, ReferenceModel, SeqChunk};
+
+use crate::sampler::{TokenHistory, sample_row};
+use crate::step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+
+/// The reference model as an attention node.
+#[derive(Debug)]
+pub struct MonolithicNode {
+    model: ReferenceModel,
+    capacity: KvCapacity,
+    histories: HashMap<SeqId, TokenHistory>,
+}
+
+impl MonolithicNode {
+    /// Wraps a reference model; `capacity` is what the router may allocate.
+    pub fn new(model: ReferenceModel, capacity: KvCapacity) -> Self {
+        MonolithicNode {
+            model,
+            capacity,
+            histories: HashMap::new(),
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &ReferenceModel {
+        &self.model
+    }
+}
+
+/// Checks one batch against the node's state: every sequence once, starts that match what is
+/// cached, block tables that cover the new tokens with valid block ids.
+pub(crate) fn validate_batch(
+    batch: &StepBatch,
+    capacity: KvCapacity,
+    cached_len: impl Fn(SeqId) -> usize,
+) -> Result<(), StepError> {
+    let mut seen = std::collections::HashSet::new();
+    for e in &batch.entries {
+        if !seen.insert(e.seq) {
+            return Err(StepError::Invalid(format!(
+                "sequence {} appears twice in one step",
+                e.seq
+            )));
+        }
+        if e.tokens.is_empty() {
+            return Err(StepError::Invalid(format!(
+                "sequence {} has no new tokens",
+                e.seq
+            )));
+        }
+        let cached = cached_len(e.seq);
+        if e.start != cached {
+            return Err(StepError::Invalid(format!(
+                "sequence {} starts at {} but {} tokens are cached",
+                e.seq, e.start, cached
+            )));
+        }
+        let needed = (e.start + e.tokens.len()).div_ceil(capacity.block_size);
+        if e.block_table.len() < needed {
+            return Err(StepError::Invalid(format!(
+                "sequence {} needs {needed} KV blocks for {} tokens, got {}",
+                e.seq,
+                e.start + e.tokens.len(),
+                e.block_table.len()
+            )));
+        }
+        if let Some(b) = e
+            .block_table
+            .iter()
+            .find(|&&b| b as usize >= capacity.num_blocks)
+        {
+            return Err(StepError::Invalid(format!(
+                "sequence {} uses KV block {b}, the cache has {}",
+                e.seq, capacity.num_blocks
+            )));
+        }
+        if let Some(s) = &e.sample
+            && s.top_logprobs > 20
+        {
+            return Err(StepError::Invalid(format!(
+                "top_logprobs {} exceeds 20",
+                s.top_logprobs
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl AttentionNode for MonolithicNode {
+    fn kv_capacity(&self) -> KvCapacity {
+        self.capacity
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
+        validate_batch(batch, self.capacity, |s| self.model.seq_len(s))?;
+        let chunks: Vec<SeqChunk> = batch
+            .entries
+            .iter()
+            .map(|e| SeqChunk {
+                seq: e.seq,
+                tokens: e.tokens.clone(),
+            })
+            .collect();
+        let logits = self
+            .model
+            .forward(&chunks, LogitsFor::LastToken)
+            .map_err(|e| StepError::Model(e.to_string()))?;
+        let mut out = StepOutput::default();
+        for (e, row) in batch.entries.iter().zip(&logits) {
+            let history = self.histories.entry(e.seq).or_default();
+            history.extend(&e.tokens, e.prompt_len);
+            if let Some(request) = &e.sample {
+                let position = (e.start + e.tokens.len()) as u64;
+                out.sampled
+                    .push(sample_row(e.seq, row, request, history, position));
+            }
+        }
+        Ok(out)
+    }
+
+    fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError> {
+        for &s in seqs {
+            self.model.free(s);
+            self.histories.remove(&s);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::step::{SampleRequest, StepEntry};
+    use model::generate::{GenerationRequest, generate};
+    use model::sampling::SamplingParams;
+
+    fn tiny() -> (tempfile::TempDir, model::ModelWeights) {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = model::synth::SynthOptions {
+            family: model::Family::GptOss,
+            preset: model::synth::Preset::Tiny,
+            format: None,
+            seed: 3,
+            config_only: false,
+        };
+        model::synth::synthesize(dir.path(), &opts, &mut |_, _| {}).unwrap();
+        let w = model::ModelWeights::load(dir.path()).unwrap();
+        (dir, w)
+    }
+
+    #[test]
+    fn steps_reproduce_reference_generation() {
+        let (_dir, weights) = tiny();
+        let prompt = vec![5u32, 9, 77, 100, 3, 8];
+        let mut reference = ReferenceModel::new(weights.clone()).unwrap();
+        let expected = generate(
+            &mut reference,
+            &[GenerationRequest {
+                prompt: prompt.clone(),
+                max_tokens: 6,
+                sampling: SamplingParams::greedy(),
+                stop_token_ids: vec![],
+            }],
+            0,
+        )
+        .unwrap()
+        .remove(0)
+        .output_ids;
+        let capacity = KvCapacity {
+            block_size: 4,
+            num_blocks: 8,
+        };
+        let mut node = MonolithicNode::new(ReferenceModel::new(weights).unwrap(), capacity);
+        let request = SampleRequest {
+            params: SamplingParams::greedy(),
+            penalties: Default::default(),
+            top_logprobs: 2,
+        };
+        // Prefill in two chunks, then decode.
+        let entry = |tokens: Vec<u32>, start: usize, sample: bool| StepEntry {
+            seq: 7,
+            tokens,
+            start,
+            prompt_len: prompt.len(),
+            block_table: vec![0, 1, 2, 3],
+            sample: sample.then_some(request),
+        };
+        let none = node
+            .step(&StepBatch {
+                entries: vec![entry(prompt[..4].to_vec(), 0, false)],
+            })
+            .unwrap();
+        assert!(none.sampled.is_empty());
+        let mut out = Vec::new();
+        let mut next = node
+            .step(&StepBatch {
+                entries: vec![entry(prompt[4..].to_vec(), 4, true)],
+            })
+            .unwrap()
+            .sampled
+            .remove(0);
+        assert_eq!(next.top_logprobs.len(), 2);
+        assert_eq!(next.top_logprobs[0].0, next.token);
+        while out.len() < 5 {
+            out.push(next.token);
+            let start = prompt.len() + out.len() - 1;
+            next = node
+                .step(&StepBatch {
+                    entries: vec![entry(vec![next.token], start, true)],
+                })
+                .unwrap()
+                .sampled
+                .remove(0);
+        }
+        out.push(next.token);
+        assert_eq!(out, expected);
+        node.free(&[7]).unwrap();
+        assert_eq!(node.model().seq_len(7), 0);
+    }
+
+    #[test]
+    fn inconsistent_batches_are_refused() {
+        let (_dir, weights) = tiny();
+        let capacity = KvCapacity {
+            block_size: 4,
+            num_blocks: 2,
+        };
+        let mut node = MonolithicNode::new(ReferenceModel::new(weights).unwrap(), capacity);
+        let e = StepEntry {
+            seq: 1,
+            tokens: vec![1; 9],
+            start: 0,
+            prompt_len: 9,
+            block_table: vec![0, 1],
+            sample: None,
+        };
+        let err = node
+            .step(&StepBatch {
+                entries: vec![e.clone()],
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs 3 KV blocks"), "{err}");
+        let bad = StepEntry {
+            tokens: vec![1],
+            block_table: vec![5],
+            ..e.clone()
+        };
+        assert!(
+            node.step(&StepBatch { entries: vec![bad] })
+                .unwrap_err()
+                .to_string()
+                .contains("block 5")
+        );
+        let late = StepEntry {
+            tokens: vec![1],
+            start: 3,
+            block_table: vec![0],
+            ..e
+        };
+        assert!(
+            node.step(&StepBatch {
+                entries: vec![late]
+            })
+            .unwrap_err()
+            .to_string()
+            .contains("starts at 3")
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! Turning one row of logits into a sampled token: repetition penalties (vLLM semantics),
+//! seeded sampling (`model::sampling`), and logprobs.
+
+use std::collections::HashMap;
+
+use model::sampling;
+
+use crate::step::{Penalties, SampleRequest, SampledToken, SeqId};
+
+/// The tokens of one sequence, split into prompt and output, for penalties.
+#[derive(Debug, Clone, Default)]
+pub struct TokenHistory {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+}
+
+impl TokenHistory {
+    /// Appends tokens; `prompt_len` says how many of all tokens are prompt.
+    pub fn extend(&mut self, tokens: &[u32], prompt_len: usize) {
+        self.tokens.extend_from_slice(tokens);
+        self.prompt_len = prompt_len;
+    }
+
+    /// Number of tokens so far.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// All tokens.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Generated tokens.
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len.min(self.tokens.len())..]
+    }
+}
+
+/// Applies `penalties` to `logits` in place: repetition over every token seen, frequency and
+/// presence over generated tokens (vLLM's order and formulas).
+pub fn apply_penalties(logits: &mut [f32], penalties: &Penalties, history: &TokenHistory) {
+    if !penalties.is_active() {
+        return;
+    }
+    if penalties.repetition != 1.0 {
+        let mut seen: Vec<u32> = history.tokens().to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for t in seen {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if *l > 0.0 {
+                    *l / penalties.repetition
+                } else {
+                    *l * penalties.repetition
+                };
+            }
+        }
+    }
+    if penalties.frequency != 0.0 || penalties.presence != 0.0 {
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &t in history.output() {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (t, c) in counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= penalties.frequency * c as f32 + penalties.presence;
+            }
+        }
+    }
+}
+
+/// The `n` most likely tokens of `logprobs`, best first (ties: lower id first).
+pub fn top_n(logprobs: &[f32], n: usize) -> Vec<(u32, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut idx: Vec<u32> = (0..logprobs.len() as u32).collect();
+    let n = n.min(idx.len());
+    idx.select_nth_unstable_by(n - 1, |&a, &b| {
+        logprobs[b as usize]
+            .total_cmp(&logprobs[a as usize])
+            .then(a.cmp(&b))
+    });
+    idx.truncate(n);
+    idx.sort_by(|&a, &b| {
+        logprobs[b as usize]
+            .total_cmp(&logprobs[a as usize])
+            .then(a.cmp(&b))
+    });
+    idx.into_iter().map(|i| (i, logprobs[i as usize])).collect()
+}
+
+/// Samples the token at `position` of `seq` from a full row of logits.
+pub fn sample_row(
+    seq: SeqId,
+    logits: &[f32],
+    request: &SampleRequest,
+    history: &TokenHistory,
+    position: u64,
+) -> SampledToken {
+    let raw = sampling::log_softmax(logits);
+    let token = if request.penalties.is_active() {
+        let mut penalized = logits.to_vec();
+        apply_penalties(&mut penalized, &request.penalties, history);
+        sampling::sample(&penalized, &request.params, position)
+    } else {
+        sampling::sample(logits, &request.params, position)
+    };
+    SampledToken {
+        seq,
+        token,
+        logprob: raw[token as usize],
+        top_logprobs: top_n(&raw, request.top_logprobs),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn penalties_follow_vllm() {
+        let mut h = TokenHistory::default();
+        h.extend(&[0, 1], 2); // prompt
+        h.extend(&[2, 2], 2); // output: token 2 twice
+        let mut logits = vec![2.0, -2.0, 1.0, 5.0];
+        let p = Penalties {
+            presence: 0.5,
+            frequency: 0.25,
+            repetition: 2.0,
+        };
+        apply_penalties(&mut logits, &p, &h);
+        assert_eq!(logits, vec![1.0, -4.0, 0.5 - 0.5 - 0.5, 5.0]);
+    }
+
+    #[test]
+    fn top_n_orders_and_breaks_ties_by_id() {
+        assert_eq!(top_n(&[0.1, 0.5, 0.5, -1.0], 2), vec![(1, 0.5), (2, 0.5)]);
+        assert!(top_n(&[0.1], 0).is_empty());
+    }
+}
