@@ -74,8 +74,17 @@ impl<T> Mailbox<T> {
     /// Closes the mailbox: items already queued can still be popped, later pushes fail and
     /// waiters wake up.
     pub(crate) fn close(&self) {
-        self.lock().closed = true;
-        self.condvar.notify_all();
+        let blocked = {
+            let mut state = self.lock();
+            if state.closed {
+                return;
+            }
+            state.closed = true;
+            state.blocked
+        };
+        if blocked > 0 {
+            self.condvar.notify_all();
+        }
         self.notify.notify_waiters();
         // A waiter that registered between its check and `notify_waiters` gets the permit.
         self.notify.notify_one();
