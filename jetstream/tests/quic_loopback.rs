@@ -148,3 +148,50 @@ fn blocking_threads_can_write_and_wait() {
     assert_eq!(card_thread.join().unwrap(), expected);
     drop(Arc::clone(&card));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_peer_is_dialled_again() {
+    let ca = jetstream::ClusterCa::generate().unwrap();
+    let card_identity = ca.issue("card-0").unwrap();
+    let bind_card = || {
+        jetstream::QuicTransport::bind(jetstream::QuicConfig::new(card_identity.clone(), LOOPBACK))
+            .unwrap()
+    };
+    let attn = jetstream::QuicTransport::bind(jetstream::QuicConfig::new(
+        ca.issue("attn").unwrap(),
+        LOOPBACK,
+    ))
+    .unwrap();
+
+    let first = bind_card();
+    attn.add_peer("card-0", first.local_addr().unwrap());
+    let inbox = first.register(RegionConfig::new(64).grant("attn")).unwrap();
+    attn.write(WriteRequest::new(&inbox.descriptor(), 0, pattern(64, 1)))
+        .await
+        .unwrap();
+    drop(inbox);
+    drop(first);
+
+    // The card comes back elsewhere, with new regions; the old connection is gone.
+    let second = bind_card();
+    attn.add_peer("card-0", second.local_addr().unwrap());
+    let inbox = second
+        .register(RegionConfig::new(64).grant("attn"))
+        .unwrap();
+    let descriptor = inbox.descriptor();
+    let mut outcome = Err(Error::Closed {
+        what: "nothing tried yet",
+    });
+    for _ in 0..100 {
+        // Writes racing the old connection's shutdown fail cleanly; a later one redials.
+        outcome = attn
+            .write(WriteRequest::new(&descriptor, 0, pattern(64, 2)))
+            .await;
+        if outcome.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    outcome.unwrap();
+    assert_eq!(inbox.next_completion().await.unwrap().peer.as_ref(), "attn");
+}

@@ -106,10 +106,9 @@ pub(crate) async fn connect(shared: &Arc<Shared>, peer: &str) -> Result<Arc<Peer
 }
 
 fn live_link(shared: &Shared, peer: &str) -> Option<Arc<PeerLink>> {
-    lock(&shared.links)
-        .get(peer)
-        .filter(|link| link.connection.close_reason().is_none())
-        .cloned()
+    // A closed connection is removed by its watcher task; until then a write on it fails
+    // with `PeerGone` (checking `close_reason` here would lock the connection on every write).
+    lock(&shared.links).get(peer).cloned()
 }
 
 /// Records a verified connection with `peer` (dialled or accepted): it becomes the write path
