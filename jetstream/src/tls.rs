@@ -14,8 +14,15 @@ use crate::error::{Error, Result};
 /// ALPN protocol id; a peer speaking anything else fails the handshake.
 pub(crate) const ALPN: &[u8] = b"jetstream/1";
 
+/// ring's provider with AES-128-GCM first: all TLS 1.3 suites stay allowed, but this one
+/// (mandatory in TLS 1.3, ten AES rounds instead of fourteen) is picked between our nodes,
+/// which saves a good part of the per-byte cost of a bulk transfer.
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .cipher_suites
+        .sort_by_key(|suite| suite.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    Arc::new(provider)
 }
 
 fn roots(identity: &NodeIdentity) -> Result<Arc<RootCertStore>> {
