@@ -1,0 +1,257 @@
+//! Data-plane layouts: the bytes the attention node and the cards write into each other's
+//! JetStream regions, with checked encode and decode (no I/O, no panics on any input).
+//!
+//! Every message is a 32-byte [`Header`] followed by a payload whose size the header fixes.
+//! Integers and floats are little-endian.
+//!
+//! | kind | message | payload |
+//! |---|---|---|
+//! | 1 | [`MoeDispatch`] (attention -> card) | rows `[tokens, hidden]` (dtype), expert ids `[tokens, slots]` u32 (`NO_EXPERT` = empty slot), weights `[tokens, slots]` f32 |
+//! | 2 | dense dispatch (attention -> card) | rows `[tokens, hidden]` |
+//! | 3 | partial sums (card -> attention) | rows `[tokens, hidden]` |
+//! | 4 | [`LmHeadDispatch`] (attention -> card) | normed rows `[tokens, hidden]`, then per row a [`RowSampling`] (24 bytes); `slots` = candidates wanted per row |
+//! | 5 | [`LmHeadProposals`] (card -> attention) | per row a [`Proposal`]: lse f64, winner u32, winner score f64, then `slots` candidates (logit f32, id u32) |
+//! | 6 | error (card -> attention) | UTF-8 message of `tokens` bytes |
+
+mod codec;
+#[cfg(test)]
+mod tests;
+
+pub use codec::*;
+
+/// First two bytes of every data-plane message.
+pub const MAGIC: [u8; 2] = *b"AF";
+/// The layout version this crate speaks.
+pub const VERSION: u8 = 1;
+/// Bytes of the header.
+pub const HEADER_LEN: usize = 32;
+/// Expert id marking an unused slot.
+pub const NO_EXPERT: u32 = u32::MAX;
+/// `layer` value of LM-head messages.
+pub const LM_HEAD_LAYER: u16 = u16::MAX;
+
+/// What a message carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Hidden rows with their local (expert, weight) slots, for an MoE layer.
+    MoeDispatch,
+    /// Hidden rows for a dense FFN layer split by intermediate columns.
+    DenseDispatch,
+    /// A card's partial sums for the rows it was sent.
+    PartialSums,
+    /// Normed final hidden rows and per-row sampling settings for the LM-head shards.
+    LmHeadDispatch,
+    /// A card's LM-head proposals.
+    LmHeadProposals,
+    /// A card could not process a message; the payload says why.
+    Error,
+}
+
+impl Kind {
+    fn to_byte(self) -> u8 {
+        match self {
+            Kind::MoeDispatch => 1,
+            Kind::DenseDispatch => 2,
+            Kind::PartialSums => 3,
+            Kind::LmHeadDispatch => 4,
+            Kind::LmHeadProposals => 5,
+            Kind::Error => 6,
+        }
+    }
+
+    fn from_byte(b: u8) -> Option<Self> {
+        Some(match b {
+            1 => Kind::MoeDispatch,
+            2 => Kind::DenseDispatch,
+            3 => Kind::PartialSums,
+            4 => Kind::LmHeadDispatch,
+            5 => Kind::LmHeadProposals,
+            6 => Kind::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// Element type of hidden rows on the wire.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum WireDtype {
+    /// 32-bit float: the disaggregated path is then bitwise the reference's arithmetic.
+    #[default]
+    F32,
+    /// bfloat16: half the bytes; results are measured against the reference, not assumed equal.
+    Bf16,
+}
+
+impl WireDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            WireDtype::F32 => 4,
+            WireDtype::Bf16 => 2,
+        }
+    }
+
+    fn to_byte(self) -> u8 {
+        match self {
+            WireDtype::F32 => 0,
+            WireDtype::Bf16 => 1,
+        }
+    }
+
+    fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            0 => Some(WireDtype::F32),
+            1 => Some(WireDtype::Bf16),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for WireDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(WireDtype::F32),
+            "bf16" => Ok(WireDtype::Bf16),
+            other => Err(format!(
+                "unknown wire dtype `{other}`: expected f32 or bf16"
+            )),
+        }
+    }
+}
+
+/// The fixed part of every message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// What follows.
+    pub kind: Kind,
+    /// The attention node's step counter.
+    pub step: u64,
+    /// Decoder layer, or [`LM_HEAD_LAYER`].
+    pub layer: u16,
+    /// Micro-batch within the step.
+    pub micro_batch: u8,
+    /// Element type of hidden rows.
+    pub dtype: WireDtype,
+    /// Rows (tokens), or the error message's byte length.
+    pub tokens: u32,
+    /// Width of a row.
+    pub hidden: u32,
+    /// Expert slots per row (MoE), or candidates per row (LM head).
+    pub slots: u32,
+}
+
+/// Why bytes are not a valid message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Fewer bytes than the header.
+    #[error("message of {0} bytes is shorter than the {HEADER_LEN}-byte header")]
+    Short(usize),
+    /// Not an afd data-plane message.
+    #[error("bad magic {0:?}: not an afd data-plane message")]
+    Magic([u8; 2]),
+    /// A version this build does not speak.
+    #[error(
+        "data-plane version {0}, this build speaks {VERSION}: run the same afd version on every node"
+    )]
+    Version(u8),
+    /// Unknown message kind.
+    #[error("unknown message kind {0}")]
+    Kind(u8),
+    /// Unknown dtype.
+    #[error("unknown wire dtype {0}")]
+    Dtype(u8),
+    /// The payload is not the size the header implies.
+    #[error("{kind:?} payload has {actual} bytes, its header implies {expected}")]
+    Length {
+        /// The kind.
+        kind: Kind,
+        /// What the header implies (saturating).
+        expected: usize,
+        /// What is there.
+        actual: usize,
+    },
+    /// A different message than the receiver expected.
+    #[error("expected a {expected:?} message, got {actual:?}")]
+    UnexpectedKind {
+        /// Expected kind.
+        expected: Kind,
+        /// Received kind.
+        actual: Kind,
+    },
+    /// An error message that is not UTF-8.
+    #[error("error message is not UTF-8")]
+    Utf8,
+}
+
+/// The 64-bit immediate of a JetStream write: (step, layer, micro-batch), so a completion says
+/// what landed without reading the region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Immediate {
+    /// Step counter (low 40 bits kept).
+    pub step: u64,
+    /// Layer, or [`LM_HEAD_LAYER`].
+    pub layer: u16,
+    /// Micro-batch.
+    pub micro_batch: u8,
+}
+
+impl Immediate {
+    /// Packs into 64 bits: step in the top 40, layer in the next 16, micro-batch in the low 8.
+    pub fn pack(self) -> u64 {
+        ((self.step & ((1 << 40) - 1)) << 24) | ((self.layer as u64) << 8) | self.micro_batch as u64
+    }
+
+    /// Unpacks what [`Self::pack`] made.
+    pub fn unpack(v: u64) -> Self {
+        Immediate {
+            step: v >> 24,
+            layer: (v >> 8) as u16,
+            micro_batch: v as u8,
+        }
+    }
+}
+
+/// Per-row sampling settings sent to the LM-head shards.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowSampling {
+    /// Temperature; 0 means greedy (no Gumbel draw needed).
+    pub temperature: f32,
+    /// The request's seed.
+    pub seed: u64,
+    /// Position of the token being sampled (the Gumbel counter).
+    pub position: u64,
+}
+
+/// Bytes of one encoded [`RowSampling`].
+pub const ROW_SAMPLING_LEN: usize = 24;
+
+/// One LM-head candidate: a token and its logit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    /// Logit.
+    pub logit: f32,
+    /// Token id (global vocabulary index).
+    pub token: u32,
+}
+
+/// One row's proposal from one card's vocabulary shard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proposal {
+    /// `ln(sum(exp(logit)))` over the shard.
+    pub log_sum_exp: f64,
+    /// The shard's Gumbel-max winner (meaningful when the row's temperature is > 0).
+    pub winner: u32,
+    /// The winner's Gumbel score (`logit / T + gumbel`).
+    pub winner_score: f64,
+    /// The shard's best candidates, best first.
+    pub candidates: Vec<Candidate>,
+}
+
+/// Bytes of one encoded [`Proposal`] with `slots` candidates.
+pub fn proposal_len(slots: usize) -> usize {
+    24usize.saturating_add(slots.saturating_mul(8))
+}

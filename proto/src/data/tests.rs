@@ -1,0 +1,158 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn meta(step: u64, layer: u16, micro_batch: u8, bf16: bool) -> MessageMeta {
+    MessageMeta {
+        step,
+        layer,
+        micro_batch,
+        dtype: if bf16 {
+            WireDtype::Bf16
+        } else {
+            WireDtype::F32
+        },
+    }
+}
+
+fn f32s() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        -1e6f32..1e6f32,
+        Just(0.0),
+        Just(-0.0),
+        Just(f32::MIN_POSITIVE)
+    ]
+}
+
+proptest! {
+    #[test]
+    fn moe_dispatch_round_trips(
+        tokens in 0usize..6, hidden in 1usize..40, slots in 0usize..5,
+        step in any::<u64>(), layer in any::<u16>(), mb in any::<u8>(), seed in any::<u64>(),
+    ) {
+        let rows: Vec<f32> = (0..tokens * hidden).map(|i| ((i as u64 ^ seed) % 1000) as f32 * 0.25 - 100.0).collect();
+        let ids: Vec<u32> = (0..tokens * slots).map(|i| if i % 3 == 2 { NO_EXPERT } else { (i as u32) * 7 % 32 }).collect();
+        let weights: Vec<f32> = (0..tokens * slots).map(|i| i as f32 / 10.0).collect();
+        let mut buf = Vec::new();
+        encode_moe_dispatch(meta(step, layer, mb, false), hidden, &rows, slots, &ids, &weights, &mut buf);
+        prop_assert_eq!(buf.len(), message_len(&decode_header(&buf).unwrap()));
+        let d = decode_moe_dispatch(&buf).unwrap();
+        prop_assert_eq!((d.header.step, d.header.layer, d.header.micro_batch), (step, layer, mb));
+        prop_assert_eq!(d.rows.to_f32(), rows);
+        for t in 0..tokens {
+            for s in 0..slots {
+                prop_assert_eq!(d.expert(t, s), ids[t * slots + s]);
+                prop_assert_eq!(d.weight(t, s), weights[t * slots + s]);
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_rows_round_to_nearest_bf16(rows in prop::collection::vec(f32s(), 0..64)) {
+        let mut buf = Vec::new();
+        encode_rows(Kind::PartialSums, meta(1, 2, 0, true), 1, &rows, &mut buf);
+        let (_, r) = decode_rows(&buf, Kind::PartialSums).unwrap();
+        let expect: Vec<f32> = rows.iter().map(|v| half::bf16::from_f32(*v).to_f32()).collect();
+        prop_assert_eq!(r.to_f32(), expect);
+    }
+
+    #[test]
+    fn proposals_round_trip(n in 0usize..5, slots in 0usize..6, seed in any::<u64>()) {
+        let proposals: Vec<Proposal> = (0..n).map(|i| Proposal {
+            log_sum_exp: (seed % 97) as f64 + i as f64,
+            winner: (seed as u32).wrapping_add(i as u32) % 1000,
+            winner_score: -(i as f64),
+            candidates: (0..slots.saturating_sub(i % 2)).map(|c| Candidate { logit: c as f32, token: c as u32 * 3 }).collect(),
+        }).collect();
+        let mut buf = Vec::new();
+        encode_proposals(meta(9, LM_HEAD_LAYER, 1, false), slots, &proposals, &mut buf);
+        let (h, back) = decode_proposals(&buf).unwrap();
+        prop_assert_eq!(h.layer, LM_HEAD_LAYER);
+        prop_assert_eq!(back, proposals);
+    }
+
+    #[test]
+    fn lm_head_dispatch_round_trips(n in 0usize..5, hidden in 1usize..20, k in 0usize..100) {
+        let rows: Vec<f32> = (0..n * hidden).map(|i| i as f32).collect();
+        let sampling: Vec<RowSampling> = (0..n).map(|i| RowSampling { temperature: i as f32 * 0.5, seed: i as u64 * 31, position: 1000 + i as u64 }).collect();
+        let mut buf = Vec::new();
+        encode_lm_head_dispatch(meta(3, LM_HEAD_LAYER, 0, false), hidden, &rows, &sampling, k, &mut buf);
+        let d = decode_lm_head_dispatch(&buf).unwrap();
+        prop_assert_eq!(d.header.slots as usize, k);
+        prop_assert_eq!(d.rows.to_f32(), rows);
+        for (i, s) in sampling.iter().enumerate() {
+            prop_assert_eq!(d.sampling(i), *s);
+        }
+    }
+
+    /// Any prefix, any corruption of any byte: decoding returns an error or a message whose
+    /// every accessor stays in bounds, and never panics.
+    #[test]
+    fn truncated_or_mangled_messages_are_rejected_cleanly(cut in 0usize..200, pos in 0usize..200, byte in any::<u8>()) {
+        let rows: Vec<f32> = (0..3 * 8).map(|i| i as f32).collect();
+        let mut buf = Vec::new();
+        encode_moe_dispatch(meta(1, 1, 0, false), 8, &rows, 2, &[1, 2, 3, NO_EXPERT, 5, 6], &[0.5; 6], &mut buf);
+        let full = buf.len();
+        let truncated = &buf[..cut.min(full)];
+        if cut < full {
+            prop_assert!(decode_moe_dispatch(truncated).is_err());
+        }
+        let mut mangled = buf.clone();
+        let p = pos % full;
+        mangled[p] = byte;
+        if let Ok(d) = decode_moe_dispatch(&mangled) {
+            let _ = d.rows.to_f32();
+            for t in 0..d.header.tokens as usize {
+                for s in 0..d.header.slots as usize {
+                    let _ = (d.expert(t, s), d.weight(t, s));
+                }
+            }
+        }
+        let _ = decode_proposals(&mangled);
+        let _ = decode_lm_head_dispatch(&mangled);
+        let _ = decode_error(&mangled);
+    }
+
+    #[test]
+    fn immediates_round_trip(step in 0u64..(1 << 40), layer in any::<u16>(), mb in any::<u8>()) {
+        let i = Immediate { step, layer, micro_batch: mb };
+        prop_assert_eq!(Immediate::unpack(i.pack()), i);
+    }
+}
+
+#[test]
+fn headers_that_lie_about_sizes_fail() {
+    let mut buf = Vec::new();
+    encode_rows(
+        Kind::PartialSums,
+        meta(1, 1, 0, false),
+        4,
+        &[1.0; 8],
+        &mut buf,
+    );
+    // Claim 2^32-1 tokens: the implied size saturates instead of overflowing.
+    buf[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+    let err = decode_rows(&buf, Kind::PartialSums).unwrap_err();
+    assert!(matches!(err, DecodeError::Length { .. }), "{err}");
+    // Wrong kind, version, magic.
+    let mut buf = Vec::new();
+    encode_error(meta(1, 1, 0, false), "card 2 is out of memory", &mut buf);
+    assert_eq!(decode_error(&buf).unwrap().1, "card 2 is out of memory");
+    assert!(matches!(
+        decode_rows(&buf, Kind::PartialSums),
+        Err(DecodeError::UnexpectedKind { .. })
+    ));
+    buf[2] = 9;
+    assert!(
+        decode_error(&buf)
+            .unwrap_err()
+            .to_string()
+            .contains("same afd version")
+    );
+    buf[0] = b'X';
+    assert!(matches!(decode_error(&buf), Err(DecodeError::Magic(_))));
+    assert!(matches!(
+        decode_header(&buf[..10]),
+        Err(DecodeError::Short(10))
+    ));
+}
