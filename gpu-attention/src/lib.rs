@@ -7,6 +7,9 @@
 //!
 //! Must not: depend on `corsair-ffn`; it knows the cards only through `proto` and `jetstream`.
 
+pub mod dispatch;
+pub mod kv_cache;
+pub mod merge;
 pub mod monolithic;
 pub mod sampler;
 pub mod step;

@@ -362,7 +362,7 @@ pub fn encode_proposals(
     for p in proposals {
         out.extend_from_slice(&p.log_sum_exp.to_le_bytes());
         out.extend_from_slice(&p.winner.to_le_bytes());
-        out.extend_from_slice(&[0u8; 4]);
+        out.extend_from_slice(&p.winner_logit.to_le_bytes());
         out.extend_from_slice(&p.winner_score.to_le_bytes());
         for i in 0..slots {
             let c = p.candidates.get(i).copied().unwrap_or(Candidate {
@@ -385,6 +385,7 @@ pub fn decode_proposals(bytes: &[u8]) -> Result<(Header, Vec<Proposal>), DecodeE
         .map(|b| Proposal {
             log_sum_exp: f64::from_bits(u64_at(b, 0)),
             winner: u32_at(b, 8),
+            winner_logit: f32::from_bits(u32_at(b, 12)),
             winner_score: f64::from_bits(u64_at(b, 16)),
             candidates: b[24..]
                 .chunks_exact(8)

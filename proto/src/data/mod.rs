@@ -10,7 +10,7 @@
 //! | 2 | dense dispatch (attention -> card) | rows `[tokens, hidden]` |
 //! | 3 | partial sums (card -> attention) | rows `[tokens, hidden]` |
 //! | 4 | [`LmHeadDispatch`] (attention -> card) | normed rows `[tokens, hidden]`, then per row a [`RowSampling`] (24 bytes); `slots` = candidates wanted per row |
-//! | 5 | [`LmHeadProposals`] (card -> attention) | per row a [`Proposal`]: lse f64, winner u32, winner score f64, then `slots` candidates (logit f32, id u32) |
+//! | 5 | `LmHeadProposals` (card -> attention) | per row a [`Proposal`]: lse f64, winner u32, winner logit f32, winner score f64, then `slots` candidates (logit f32, id u32) |
 //! | 6 | error (card -> attention) | UTF-8 message of `tokens` bytes |
 
 mod codec;
@@ -245,6 +245,8 @@ pub struct Proposal {
     pub log_sum_exp: f64,
     /// The shard's Gumbel-max winner (meaningful when the row's temperature is > 0).
     pub winner: u32,
+    /// The winner's logit (so its logprob is known even when it is not a candidate).
+    pub winner_logit: f32,
     /// The winner's Gumbel score (`logit / T + gumbel`).
     pub winner_score: f64,
     /// The shard's best candidates, best first.

@@ -61,6 +61,7 @@ proptest! {
         let proposals: Vec<Proposal> = (0..n).map(|i| Proposal {
             log_sum_exp: (seed % 97) as f64 + i as f64,
             winner: (seed as u32).wrapping_add(i as u32) % 1000,
+            winner_logit: i as f32 * 0.5,
             winner_score: -(i as f64),
             candidates: (0..slots.saturating_sub(i % 2)).map(|c| Candidate { logit: c as f32, token: c as u32 * 3 }).collect(),
         }).collect();

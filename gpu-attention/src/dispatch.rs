@@ -1,0 +1,275 @@
+//! The dispatch planner and the combine step (no I/O).
+//!
+//! After routing, each token's (expert, weight) slots are grouped by the card holding the
+//! expert: each card receives only the rows it needs, each row with its local slots in the
+//! token's top-k order. Partial sums come back per card and are added in ascending card order,
+//! so the result never depends on which card answers first. When an expert has replicas, the
+//! replica is picked from a per-row key (the token's position), never from the row's place in
+//! the batch, so a token's arithmetic is the same alone or in any batch.
+
+use model::forward::moe::Routing;
+use proto::data::NO_EXPERT;
+
+/// Which cards hold each expert of each layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpertPlacement {
+    /// `holders[layer][expert]`: cards holding that expert, ascending.
+    holders: Vec<Vec<Vec<usize>>>,
+    cards: usize,
+}
+
+/// Why a placement is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// An expert no card holds.
+    #[error("expert {expert} of layer {layer} is held by no card; every expert needs at least one")]
+    Orphan {
+        /// Layer.
+        layer: usize,
+        /// Expert.
+        expert: usize,
+    },
+    /// A card claims an expert that does not exist.
+    #[error(
+        "card {card} claims expert {expert} of layer {layer}, but layers have {experts} experts"
+    )]
+    Unknown {
+        /// Card.
+        card: usize,
+        /// Layer.
+        layer: usize,
+        /// Expert.
+        expert: usize,
+        /// Experts per layer.
+        experts: usize,
+    },
+}
+
+impl ExpertPlacement {
+    /// Builds the placement from each card's experts per layer (`card_experts[card][layer]`);
+    /// layers that are not MoE have empty lists on every card.
+    pub fn new(
+        layers: usize,
+        experts: usize,
+        moe_layers: &[bool],
+        card_experts: &[Vec<Vec<u32>>],
+    ) -> Result<Self, PlacementError> {
+        let mut holders = vec![vec![Vec::new(); experts]; layers];
+        for (card, per_layer) in card_experts.iter().enumerate() {
+            for (layer, list) in per_layer.iter().enumerate().take(layers) {
+                for &e in list {
+                    let e = e as usize;
+                    if e >= experts {
+                        return Err(PlacementError::Unknown {
+                            card,
+                            layer,
+                            expert: e,
+                            experts,
+                        });
+                    }
+                    holders[layer][e].push(card);
+                }
+            }
+        }
+        for (layer, per_expert) in holders.iter_mut().enumerate() {
+            if !moe_layers.get(layer).copied().unwrap_or(false) {
+                continue;
+            }
+            for (expert, cards) in per_expert.iter_mut().enumerate() {
+                if cards.is_empty() {
+                    return Err(PlacementError::Orphan { layer, expert });
+                }
+                cards.sort_unstable();
+                cards.dedup();
+            }
+        }
+        Ok(ExpertPlacement {
+            holders,
+            cards: card_experts.len(),
+        })
+    }
+
+    /// Number of cards.
+    pub fn cards(&self) -> usize {
+        self.cards
+    }
+
+    /// The card that serves `expert` of `layer` for a row with replica key `key`.
+    pub fn card_for(&self, layer: usize, expert: usize, key: u64) -> usize {
+        let cards = &self.holders[layer][expert];
+        cards[(key % cards.len() as u64) as usize]
+    }
+}
+
+/// The rows one card receives for one layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CardRows {
+    /// The card.
+    pub card: usize,
+    /// Row indices (into the micro-batch) of the tokens sent, ascending.
+    pub rows: Vec<usize>,
+    /// `[rows.len(), slots]` local expert ids (`NO_EXPERT` pads).
+    pub experts: Vec<u32>,
+    /// `[rows.len(), slots]` routing weights (0 for padding).
+    pub weights: Vec<f32>,
+}
+
+/// Where every token of one layer goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DispatchPlan {
+    /// Slots per row (the model's top-k).
+    pub slots: usize,
+    /// Cards that receive rows, ascending; cards with no rows are absent.
+    pub cards: Vec<CardRows>,
+}
+
+/// Groups routed tokens by card. `keys[t]` picks replicas (use the token's position).
+pub fn plan_dispatch(
+    routing: &Routing,
+    layer: usize,
+    placement: &ExpertPlacement,
+    keys: &[u64],
+) -> DispatchPlan {
+    let k = routing.top_k;
+    let mut per_card: Vec<CardRows> = (0..placement.cards())
+        .map(|card| CardRows {
+            card,
+            rows: Vec::new(),
+            experts: Vec::new(),
+            weights: Vec::new(),
+        })
+        .collect();
+    for (t, &key) in keys.iter().enumerate().take(routing.tokens()) {
+        for (e, w) in routing.token(t) {
+            let card = placement.card_for(layer, e as usize, key);
+            let c = &mut per_card[card];
+            if c.rows.last() != Some(&t) {
+                c.rows.push(t);
+                c.experts.extend(std::iter::repeat_n(NO_EXPERT, k));
+                c.weights.extend(std::iter::repeat_n(0.0, k));
+            }
+            // Next free slot of this row, keeping the token's top-k order.
+            let base = (c.rows.len() - 1) * k;
+            let free = (0..k)
+                .find(|&s| c.experts[base + s] == NO_EXPERT)
+                .unwrap_or(k - 1);
+            c.experts[base + free] = e;
+            c.weights[base + free] = w;
+        }
+    }
+    DispatchPlan {
+        slots: k,
+        cards: per_card
+            .into_iter()
+            .filter(|c| !c.rows.is_empty())
+            .collect(),
+    }
+}
+
+/// Adds partial sums into `out` (`[tokens, hidden]`), card by card in ascending order.
+/// `partials[i]` belongs to `plan.cards[i]` and has one row per sent token.
+pub fn combine(plan: &DispatchPlan, partials: &[Vec<f32>], hidden: usize, out: &mut [f32]) {
+    for (c, partial) in plan.cards.iter().zip(partials) {
+        for (r, &t) in c.rows.iter().enumerate() {
+            let dst = &mut out[t * hidden..(t + 1) * hidden];
+            for (d, s) in dst.iter_mut().zip(&partial[r * hidden..(r + 1) * hidden]) {
+                *d += s;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn placement(experts: usize, cards: usize, replicas: bool) -> ExpertPlacement {
+        // Contiguous blocks, uneven counts allowed; optionally expert 0 replicated on the last card.
+        let per = experts.div_ceil(cards);
+        let card_experts: Vec<Vec<Vec<u32>>> = (0..cards)
+            .map(|c| {
+                let mut list: Vec<u32> = ((c * per).min(experts)..((c + 1) * per).min(experts))
+                    .map(|e| e as u32)
+                    .collect();
+                if replicas && c == cards - 1 && c != 0 {
+                    list.push(0);
+                }
+                vec![list]
+            })
+            .collect();
+        ExpertPlacement::new(1, experts, &[true], &card_experts).unwrap()
+    }
+
+    proptest! {
+        /// Every (token, slot) lands on exactly one card holding its expert, in the token's
+        /// slot order, and combining per-card weighted sums equals the per-token weighted sum.
+        #[test]
+        fn plans_cover_every_slot_once(
+            tokens in 1usize..12, experts in 2usize..9, cards in 1usize..5, k in 1usize..3, seed in any::<u64>(), replicas in any::<bool>(),
+        ) {
+            let k = k.min(experts);
+            let cards = cards.min(experts);
+            let p = placement(experts, cards, replicas);
+            let mut ids = Vec::new();
+            let mut weights = Vec::new();
+            for t in 0..tokens {
+                let mut chosen: Vec<u32> = Vec::new();
+                let mut x = seed.wrapping_add(t as u64 * 7919);
+                while chosen.len() < k {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    let e = ((x >> 33) % experts as u64) as u32;
+                    if !chosen.contains(&e) { chosen.push(e); }
+                }
+                for (j, e) in chosen.into_iter().enumerate() {
+                    ids.push(e);
+                    weights.push(1.0 + j as f32);
+                }
+            }
+            let routing = Routing { top_k: k, experts: ids.clone(), weights: weights.clone() };
+            let keys: Vec<u64> = (0..tokens as u64).map(|t| t * 3).collect();
+            let plan = plan_dispatch(&routing, 0, &p, &keys);
+            let mut seen = vec![0usize; tokens * k];
+            for c in &plan.cards {
+                for (r, &t) in c.rows.iter().enumerate() {
+                    let mut last_slot = None;
+                    for s in 0..k {
+                        let e = c.experts[r * k + s];
+                        if e == NO_EXPERT { continue; }
+                        let j = (0..k).find(|&j| ids[t * k + j] == e).unwrap();
+                        prop_assert!(last_slot.is_none_or(|l| l < j), "slot order kept");
+                        last_slot = Some(j);
+                        prop_assert_eq!(p.card_for(0, e as usize, keys[t]), c.card);
+                        prop_assert_eq!(c.weights[r * k + s], weights[t * k + j]);
+                        seen[t * k + j] += 1;
+                    }
+                }
+            }
+            prop_assert!(seen.iter().all(|&n| n == 1));
+            // Combine: partial of a card row = sum of its weights (hidden = 1).
+            let partials: Vec<Vec<f32>> = plan.cards.iter().map(|c| {
+                c.rows.iter().enumerate().map(|(r, _)| c.weights[r * k..(r + 1) * k].iter().sum()).collect()
+            }).collect();
+            let mut out = vec![0f32; tokens];
+            combine(&plan, &partials, 1, &mut out);
+            for t in 0..tokens {
+                let expect: f32 = weights[t * k..(t + 1) * k].iter().sum();
+                prop_assert!((out[t] - expect).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn orphans_and_unknown_experts_are_refused() {
+        let err = ExpertPlacement::new(1, 3, &[true], &[vec![vec![0, 1]]]).unwrap_err();
+        assert_eq!(
+            err,
+            PlacementError::Orphan {
+                layer: 0,
+                expert: 2
+            }
+        );
+        let err = ExpertPlacement::new(1, 2, &[true], &[vec![vec![0, 1, 5]]]).unwrap_err();
+        assert!(err.to_string().contains("expert 5"));
+    }
+}
