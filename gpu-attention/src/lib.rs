@@ -8,9 +8,11 @@
 //! Must not: depend on `corsair-ffn`; it knows the cards only through `proto` and `jetstream`.
 
 pub mod dispatch;
+pub mod fabric;
 pub mod kv_cache;
 pub mod merge;
 pub mod monolithic;
+pub mod node;
 pub mod sampler;
 pub mod step;
 

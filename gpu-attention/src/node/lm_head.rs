@@ -1,0 +1,273 @@
+//! The sharded LM head: normed rows out to every card holding vocabulary rows, proposals back,
+//! merged exactly ([`crate::merge`]); rows the proposals cannot decide get a second round
+//! that gathers every logit.
+
+use std::collections::HashMap;
+
+use model::forward::ops;
+use proto::data::{self, Immediate, LM_HEAD_LAYER, Proposal, RowSampling};
+
+use super::DisaggregatedNode;
+use super::step::MicroBatch;
+use crate::merge::{MergeOutcome, merge_row};
+use crate::sampler::sample_row;
+use crate::step::{SampleRequest, SampledToken, StepBatch, StepError, StepOutput};
+
+/// Immediate layer code of the full-logits round (distinct from the proposals round).
+const FULL_LOGITS_LAYER: u16 = LM_HEAD_LAYER - 1;
+
+/// A row to sample.
+struct Row {
+    /// Entry index in the batch.
+    entry: usize,
+    request: SampleRequest,
+    position: u64,
+}
+
+fn model_err(e: impl std::fmt::Display) -> StepError {
+    StepError::Model(e.to_string())
+}
+
+impl DisaggregatedNode {
+    pub(super) fn lm_head_step(
+        &mut self,
+        batch: &StepBatch,
+        mbs: &[MicroBatch],
+    ) -> Result<StepOutput, StepError> {
+        let lm_cards: Vec<usize> = (0..self.layout.lm_head.len())
+            .filter(|&c| !self.layout.lm_head[c].is_empty())
+            .collect();
+        let hidden = self.config.hidden_size;
+        let k = self.node.lm_head_candidates;
+        let mut per_mb: Vec<(Vec<Row>, Vec<f32>)> = Vec::new();
+        for (m, mb) in mbs.iter().enumerate() {
+            let span = self.trace.begin();
+            let mut rows = Vec::new();
+            let mut picks = Vec::new();
+            for (span_idx, &i) in mb.entries.iter().enumerate() {
+                let e = &batch.entries[i];
+                if let Some(request) = e.sample {
+                    let s = &mb.spans[span_idx];
+                    picks.push(s.start + s.len - 1);
+                    rows.push(Row {
+                        entry: i,
+                        request,
+                        position: (e.start + e.tokens.len()) as u64,
+                    });
+                }
+            }
+            if rows.is_empty() {
+                per_mb.push((rows, Vec::new()));
+                continue;
+            }
+            let mut selected = Vec::with_capacity(picks.len());
+            for &r in &picks {
+                selected.push(mb.x.narrow(0, r, 1).map_err(model_err)?);
+            }
+            let selected = candle_core::Tensor::cat(&selected, 0).map_err(model_err)?;
+            let normed = ops::to_f32_vec(&self.lm_head.norm(&selected).map_err(model_err)?)
+                .map_err(model_err)?;
+            let sampling: Vec<RowSampling> = rows.iter().map(row_sampling).collect();
+            self.send_lm_head(&lm_cards, m as u8, LM_HEAD_LAYER, &normed, &sampling, k)?;
+            self.trace
+                .end(span, "lm-head send", usize::from(LM_HEAD_LAYER), m as u8);
+            per_mb.push((rows, normed));
+        }
+        let mut sampled: HashMap<usize, SampledToken> = HashMap::new();
+        let mut stash = HashMap::new();
+        for (m, (rows, normed)) in per_mb.iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let span = self.trace.begin();
+            let proposals =
+                self.proposals(&lm_cards, m as u8, LM_HEAD_LAYER, rows.len(), &mut stash)?;
+            let mut fallback = Vec::new();
+            for (r, row) in rows.iter().enumerate() {
+                let props: Vec<Proposal> = proposals.iter().map(|p| p[r].clone()).collect();
+                let seq = batch.entries[row.entry].seq;
+                match merge_row(&props, &row.request, row.position, k) {
+                    MergeOutcome::Done(t) => {
+                        sampled.insert(
+                            row.entry,
+                            SampledToken {
+                                seq,
+                                token: t.token,
+                                logprob: t.logprob,
+                                top_logprobs: t.top_logprobs,
+                            },
+                        );
+                    }
+                    MergeOutcome::NeedFullLogits => fallback.push(r),
+                }
+            }
+            self.trace
+                .end(span, "lm-head merge", usize::from(LM_HEAD_LAYER), m as u8);
+            if !fallback.is_empty() {
+                let span = self.trace.begin();
+                self.full_logits(
+                    batch,
+                    rows,
+                    normed,
+                    &fallback,
+                    &lm_cards,
+                    hidden,
+                    &mut sampled,
+                    &mut stash,
+                )?;
+                self.trace.end(
+                    span,
+                    "lm-head full logits",
+                    usize::from(LM_HEAD_LAYER),
+                    m as u8,
+                );
+            }
+        }
+        let mut out = StepOutput::default();
+        for (i, e) in batch.entries.iter().enumerate() {
+            if e.sample.is_some() {
+                let t = sampled.remove(&i).ok_or_else(|| {
+                    StepError::Model(format!("no token was sampled for sequence {}", e.seq))
+                })?;
+                out.sampled.push(t);
+            }
+        }
+        Ok(out)
+    }
+
+    fn send_lm_head(
+        &mut self,
+        cards: &[usize],
+        m: u8,
+        layer: u16,
+        normed: &[f32],
+        sampling: &[RowSampling],
+        candidates: usize,
+    ) -> Result<(), StepError> {
+        let meta = data::MessageMeta {
+            step: self.step_counter,
+            layer,
+            micro_batch: m,
+            dtype: self.node.wire_dtype,
+        };
+        let mut msg = Vec::new();
+        data::encode_lm_head_dispatch(
+            meta,
+            self.config.hidden_size,
+            normed,
+            sampling,
+            candidates,
+            &mut msg,
+        );
+        let immediate = Immediate {
+            step: self.step_counter,
+            layer,
+            micro_batch: m,
+        };
+        for &c in cards {
+            self.fabric.send(c, m, msg.clone(), immediate)?;
+        }
+        Ok(())
+    }
+
+    /// Every LM card's proposals for (layer code, micro-batch), `[card][row]`.
+    fn proposals(
+        &mut self,
+        cards: &[usize],
+        m: u8,
+        layer: u16,
+        rows: usize,
+        stash: &mut HashMap<(usize, u8, usize), Vec<u8>>,
+    ) -> Result<Vec<Vec<Proposal>>, StepError> {
+        let replies = self.collect(layer, m, cards, stash)?;
+        cards
+            .iter()
+            .zip(replies)
+            .map(|(&card, bytes)| {
+                let (_, p) = data::decode_proposals(&bytes).map_err(|e| StepError::Card {
+                    card,
+                    message: format!("bad LM-head proposals: {e}"),
+                })?;
+                if p.len() != rows {
+                    return Err(StepError::Card {
+                        card,
+                        message: format!("{} proposals for {rows} rows", p.len()),
+                    });
+                }
+                Ok(p)
+            })
+            .collect()
+    }
+
+    /// Gathers every logit of the given rows and samples them as the reference does.
+    #[allow(clippy::too_many_arguments)]
+    fn full_logits(
+        &mut self,
+        batch: &StepBatch,
+        rows: &[Row],
+        normed: &[f32],
+        which: &[usize],
+        cards: &[usize],
+        hidden: usize,
+        sampled: &mut HashMap<usize, SampledToken>,
+        stash: &mut HashMap<(usize, u8, usize), Vec<u8>>,
+    ) -> Result<(), StepError> {
+        let vocab = self.config.vocab_size;
+        let shard = self.layout.largest_shard();
+        let reply_room = super::slot_sizes(&self.config, &self.node, &self.layout).reply
+            - proto::data::HEADER_LEN;
+        let per_message = (reply_room / proto::data::proposal_len(shard)).max(1);
+        for group in which.chunks(per_message) {
+            let mut sel = Vec::with_capacity(group.len() * hidden);
+            let mut sampling = Vec::with_capacity(group.len());
+            for &r in group {
+                sel.extend_from_slice(&normed[r * hidden..(r + 1) * hidden]);
+                sampling.push(row_sampling(&rows[r]));
+            }
+            self.send_lm_head(
+                cards,
+                0,
+                super::lm_head::FULL_LOGITS_LAYER,
+                &sel,
+                &sampling,
+                shard,
+            )?;
+            let proposals = self.proposals(cards, 0, FULL_LOGITS_LAYER, group.len(), stash)?;
+            for (g, &r) in group.iter().enumerate() {
+                let mut logits = vec![f32::NEG_INFINITY; vocab];
+                let mut filled = 0usize;
+                for p in &proposals {
+                    for c in &p[g].candidates {
+                        if let Some(slot) = logits.get_mut(c.token as usize) {
+                            *slot = c.logit;
+                            filled += 1;
+                        }
+                    }
+                }
+                if filled != vocab {
+                    return Err(StepError::Model(format!(
+                        "the cards returned {filled} of {vocab} logits for a full-logits row"
+                    )));
+                }
+                let row = &rows[r];
+                let entry = &batch.entries[row.entry];
+                let history = self.histories.entry(entry.seq).or_default();
+                sampled.insert(
+                    row.entry,
+                    sample_row(entry.seq, &logits, &row.request, history, row.position),
+                );
+                self.stats.full_logits_rows += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn row_sampling(row: &Row) -> RowSampling {
+    let p = &row.request.params;
+    RowSampling {
+        temperature: if p.is_greedy() { 0.0 } else { p.temperature },
+        seed: p.seed,
+        position: row.position,
+    }
+}

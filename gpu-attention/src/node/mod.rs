@@ -1,0 +1,282 @@
+//! [`DisaggregatedNode`]: the attention node of afd. Attention, the KV cache and routing run
+//! here; per layer the routed rows go to the cards that hold their experts and the partial sums
+//! come back (DESIGN.md, "One decode step").
+
+mod lm_head;
+mod step;
+mod trace;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use model::config::FfnKind;
+use model::forward::attention::AttentionBlock;
+use model::forward::rope::Rope;
+use model::forward::{LmHead, ops};
+use model::weights::{FfnWeights, Linear};
+use model::{ModelConfig, ModelWeights};
+use proto::data::WireDtype;
+
+pub use trace::{Span, Trace, chrome_trace};
+
+use crate::dispatch::ExpertPlacement;
+use crate::fabric::{CardFabric, SlotSizes};
+use crate::kv_cache::{KvCacheConfig, PagedKvCache};
+use crate::sampler::TokenHistory;
+use crate::step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+
+/// How a step is cut into micro-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MicroBatches {
+    /// Two when the step has two or more sequences, else one.
+    #[default]
+    Auto,
+    /// Never split.
+    One,
+    /// Split into two whenever there are two or more sequences.
+    Two,
+}
+
+impl std::str::FromStr for MicroBatches {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(MicroBatches::Auto),
+            "1" => Ok(MicroBatches::One),
+            "2" => Ok(MicroBatches::Two),
+            other => Err(format!("--micro-batches takes 1, 2 or auto, not `{other}`")),
+        }
+    }
+}
+
+/// Settings of one attention node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// KV cache size and block size.
+    pub kv: KvCacheConfig,
+    /// Micro-batch overlap.
+    pub micro_batches: MicroBatches,
+    /// Dtype of hidden rows on the wire.
+    pub wire_dtype: WireDtype,
+    /// LM-head candidates each card returns per row.
+    pub lm_head_candidates: usize,
+    /// Most tokens in one step (and so in one message to a card).
+    pub max_tokens: usize,
+    /// How long to wait for a card's reply before failing the step.
+    pub reply_timeout: Duration,
+    /// Record per-layer spans (see [`DisaggregatedNode::take_trace`]).
+    pub trace: bool,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            kv: KvCacheConfig::default(),
+            micro_batches: MicroBatches::Auto,
+            wire_dtype: WireDtype::F32,
+            lm_head_candidates: 64,
+            max_tokens: 512,
+            reply_timeout: Duration::from_secs(30),
+            trace: false,
+        }
+    }
+}
+
+/// What each card holds, as the attention node needs to know it.
+#[derive(Debug, Clone)]
+pub struct CardLayout {
+    /// Which card serves each expert.
+    pub placement: ExpertPlacement,
+    /// Cards holding a column slice of the dense FFN layers.
+    pub dense_cards: Vec<usize>,
+    /// Vocabulary rows of each card's LM-head shard (empty: none).
+    pub lm_head: Vec<Range<u32>>,
+}
+
+impl CardLayout {
+    /// Largest LM-head shard.
+    pub fn largest_shard(&self) -> usize {
+        self.lm_head.iter().map(|r| r.len()).max().unwrap_or(0)
+    }
+}
+
+/// Inbox and reply slot sizes for a model and node settings.
+pub fn slot_sizes(config: &ModelConfig, node: &NodeConfig, layout: &CardLayout) -> SlotSizes {
+    use proto::data::{HEADER_LEN, ROW_SAMPLING_LEN, proposal_len};
+    let h = config.hidden_size;
+    let n = node.max_tokens;
+    let k = config.moe.map_or(0, |m| m.top_k);
+    let dt = node.wire_dtype.size();
+    let moe = n * (h * dt + k * 8);
+    let lm = n * (h * dt + ROW_SAMPLING_LEN);
+    let partials = n * h * dt;
+    let proposals = n * proposal_len(node.lm_head_candidates);
+    // The full-logits fallback sends rows in groups small enough for one slot, at least one row.
+    let full_row = proposal_len(layout.largest_shard());
+    SlotSizes {
+        inbox: HEADER_LEN + moe.max(lm),
+        reply: HEADER_LEN + partials.max(proposals).max(full_row),
+    }
+}
+
+pub(crate) struct NodeLayer {
+    pub input_norm: Tensor,
+    pub attention: AttentionBlock,
+    pub post_attention_norm: Tensor,
+    pub router: Option<Linear>,
+    pub ffn: FfnKind,
+}
+
+/// Counters a node keeps.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeStats {
+    /// Steps run.
+    pub steps: u64,
+    /// Tokens processed.
+    pub tokens: u64,
+    /// Wall seconds spent in steps.
+    pub step_seconds: f64,
+    /// Rows the full-logits fallback handled.
+    pub full_logits_rows: u64,
+}
+
+/// The attention node: attention and KV cache here, experts on the cards.
+pub struct DisaggregatedNode {
+    config: ModelConfig,
+    node: NodeConfig,
+    layout: CardLayout,
+    device: Device,
+    rope: Rope,
+    embed: model::WeightMatrix,
+    layers: Vec<NodeLayer>,
+    lm_head: LmHead,
+    cache: PagedKvCache,
+    seq_lens: HashMap<SeqId, usize>,
+    histories: HashMap<SeqId, TokenHistory>,
+    fabric: Box<dyn CardFabric>,
+    step_counter: u64,
+    stats: NodeStats,
+    trace: Trace,
+}
+
+impl std::fmt::Debug for DisaggregatedNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DisaggregatedNode")
+            .field("family", &self.config.family)
+            .field("cards", &self.fabric.cards())
+            .field("capacity", &self.cache.capacity())
+            .finish()
+    }
+}
+
+impl DisaggregatedNode {
+    /// Builds the node from the non-expert weights (load them with `ExpertFilter::None`), the
+    /// cards' layout, and a fabric whose cards have loaded their shards.
+    pub fn new(
+        weights: &ModelWeights,
+        layout: CardLayout,
+        fabric: Box<dyn CardFabric>,
+        node: NodeConfig,
+    ) -> Result<Self, StepError> {
+        let model_error = |e: model::Error| StepError::Model(e.to_string());
+        let config = weights.config.clone();
+        let device = Device::Cpu;
+        if layout.placement.cards() != fabric.cards() || layout.lm_head.len() != fabric.cards() {
+            return Err(StepError::Invalid(format!(
+                "the card layout describes {} cards but the fabric connects {}",
+                layout.placement.cards(),
+                fabric.cards()
+            )));
+        }
+        let layers = weights
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, lw)| {
+                Ok(NodeLayer {
+                    input_norm: ops::vector(&lw.input_norm, &device)?,
+                    attention: AttentionBlock::new(&config, l, lw, &device)?,
+                    post_attention_norm: ops::vector(&lw.post_attention_norm, &device)?,
+                    router: match &lw.ffn {
+                        FfnWeights::Moe(m) => Some(m.router.clone()),
+                        FfnWeights::Dense(_) => None,
+                    },
+                    ffn: config.layers[l].ffn,
+                })
+            })
+            .collect::<model::Result<Vec<_>>>()
+            .map_err(model_error)?;
+        let capacity: KvCapacity = node.kv.capacity(&config);
+        let cache = PagedKvCache::new(&config, capacity, &device)
+            .map_err(|e| StepError::Model(e.to_string()))?;
+        Ok(DisaggregatedNode {
+            rope: Rope::new(&config),
+            embed: weights.embed.clone(),
+            lm_head: LmHead::new(weights, &device).map_err(model_error)?,
+            trace: Trace::new(node.trace),
+            layers,
+            cache,
+            config,
+            node,
+            layout,
+            device,
+            seq_lens: HashMap::new(),
+            histories: HashMap::new(),
+            fabric,
+            step_counter: 0,
+            stats: NodeStats::default(),
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> NodeStats {
+        self.stats.clone()
+    }
+
+    /// Bytes sent to and received from the cards.
+    pub fn traffic(&self) -> (u64, u64) {
+        self.fabric.traffic()
+    }
+
+    /// Per-layer spans recorded since the last call (empty unless tracing is on).
+    pub fn take_trace(&mut self) -> Vec<Span> {
+        self.trace.take()
+    }
+}
+
+impl AttentionNode for DisaggregatedNode {
+    fn kv_capacity(&self) -> KvCapacity {
+        self.cache.capacity()
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
+        let started = std::time::Instant::now();
+        let out = self.run_step(batch);
+        self.stats.steps += 1;
+        self.stats.tokens += batch
+            .entries
+            .iter()
+            .map(|e| e.tokens.len() as u64)
+            .sum::<u64>();
+        self.stats.step_seconds += started.elapsed().as_secs_f64();
+        out
+    }
+
+    fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError> {
+        for s in seqs {
+            self.seq_lens.remove(s);
+            self.histories.remove(s);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

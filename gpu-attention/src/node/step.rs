@@ -1,0 +1,385 @@
+//! One step of the disaggregated node: micro-batches pipelined over the layers.
+//!
+//! With two micro-batches the order is: attention of (layer l, mb 0) and its dispatch, attention
+//! of (l, mb 1) and its dispatch, then for each micro-batch: wait for its replies of layer l,
+//! combine, and immediately run its attention of layer l + 1 and dispatch it. So while the cards
+//! compute one micro-batch's experts, this node computes the other's attention.
+
+use std::collections::HashMap;
+
+use candle_core::Tensor;
+use model::config::FfnKind;
+use model::forward::attention::{KvCache, SeqSpan};
+use model::forward::moe::route;
+use model::forward::{embed, ops};
+use proto::data::{self, Immediate, Kind, MessageMeta};
+
+use super::{DisaggregatedNode, MicroBatches};
+use crate::dispatch::{DispatchPlan, combine, plan_dispatch};
+use crate::fabric::Reply;
+use crate::monolithic::validate_batch;
+use crate::step::{SeqId, StepBatch, StepError, StepOutput};
+
+/// One micro-batch's state through the layers.
+pub(super) struct MicroBatch {
+    /// Indices of its entries in the step batch.
+    pub entries: Vec<usize>,
+    pub spans: Vec<SeqSpan>,
+    /// Per row: the token's position (replica key, RoPE position).
+    pub positions: Vec<usize>,
+    pub cos: Tensor,
+    pub sin: Tensor,
+    /// Residual stream `[rows, hidden]`.
+    pub x: Tensor,
+    /// What this micro-batch waits for after its last dispatch.
+    pub pending: Option<Pending>,
+}
+
+pub(super) struct Pending {
+    pub layer: usize,
+    /// `None`: a dense layer, every dense card answers for every row.
+    pub plan: Option<DispatchPlan>,
+    pub cards: Vec<usize>,
+}
+
+fn model_err(e: impl std::fmt::Display) -> StepError {
+    StepError::Model(e.to_string())
+}
+
+impl DisaggregatedNode {
+    pub(super) fn run_step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
+        validate_batch(batch, self.cache.capacity(), |s| {
+            self.seq_lens.get(&s).copied().unwrap_or(0)
+        })?;
+        if batch.entries.is_empty() {
+            return Ok(StepOutput::default());
+        }
+        self.step_counter += 1;
+        let mut mbs = self.split(batch)?;
+        for mb in &mbs {
+            let rows = mb.positions.len();
+            if rows > self.node.max_tokens {
+                return Err(StepError::Invalid(format!(
+                    "a micro-batch of {rows} tokens exceeds the node's max_tokens {}",
+                    self.node.max_tokens
+                )));
+            }
+        }
+        let tables: HashMap<SeqId, (&[u32], usize)> = batch
+            .entries
+            .iter()
+            .map(|e| (e.seq, (e.block_table.as_slice(), e.start)))
+            .collect();
+        let layers = self.layers.len();
+        let mut stash: HashMap<(usize, u8, usize), Vec<u8>> = HashMap::new();
+        for layer in 0..layers {
+            for (m, mb) in mbs.iter_mut().enumerate() {
+                if layer > 0 {
+                    self.finish_ffn(mb, m as u8, &mut stash)?;
+                }
+                self.attention_and_dispatch(layer, mb, m as u8, &tables)?;
+            }
+        }
+        for (m, mb) in mbs.iter_mut().enumerate() {
+            self.finish_ffn(mb, m as u8, &mut stash)?;
+        }
+        for e in &batch.entries {
+            self.seq_lens.insert(e.seq, e.start + e.tokens.len());
+            self.histories
+                .entry(e.seq)
+                .or_default()
+                .extend(&e.tokens, e.prompt_len);
+        }
+        self.lm_head_step(batch, &mbs)
+    }
+
+    /// Cuts the batch into one or two micro-batches of about equal token counts, in order.
+    fn split(&self, batch: &StepBatch) -> Result<Vec<MicroBatch>, StepError> {
+        let n = batch.entries.len();
+        let two = match self.node.micro_batches {
+            MicroBatches::One => false,
+            MicroBatches::Two | MicroBatches::Auto => n >= 2,
+        };
+        let groups: Vec<Vec<usize>> = if two {
+            let total: usize = batch.entries.iter().map(|e| e.tokens.len()).sum();
+            let mut acc = 0;
+            let mut cut = 1;
+            for (i, e) in batch.entries.iter().enumerate() {
+                acc += e.tokens.len();
+                if 2 * acc >= total {
+                    cut = (i + 1).clamp(1, n - 1);
+                    break;
+                }
+            }
+            vec![(0..cut).collect(), (cut..n).collect()]
+        } else {
+            vec![(0..n).collect()]
+        };
+        groups
+            .into_iter()
+            .map(|entries| {
+                let mut spans = Vec::new();
+                let mut positions = Vec::new();
+                let mut tokens = Vec::new();
+                for &i in &entries {
+                    let e = &batch.entries[i];
+                    spans.push(SeqSpan {
+                        seq: e.seq,
+                        start: tokens.len(),
+                        len: e.tokens.len(),
+                        past: e.start,
+                    });
+                    positions.extend(e.start..e.start + e.tokens.len());
+                    tokens.extend_from_slice(&e.tokens);
+                }
+                let (cos, sin) = self
+                    .rope
+                    .tables(&positions, &self.device)
+                    .map_err(model_err)?;
+                let rows =
+                    embed(&self.embed, &tokens).map_err(|e| StepError::Invalid(e.to_string()))?;
+                let x =
+                    Tensor::from_vec(rows, (tokens.len(), self.config.hidden_size), &self.device)
+                        .map_err(model_err)?;
+                Ok(MicroBatch {
+                    entries,
+                    spans,
+                    positions,
+                    cos,
+                    sin,
+                    x,
+                    pending: None,
+                })
+            })
+            .collect()
+    }
+
+    fn meta(&self, layer: u16, micro_batch: u8) -> MessageMeta {
+        MessageMeta {
+            step: self.step_counter,
+            layer,
+            micro_batch,
+            dtype: self.node.wire_dtype,
+        }
+    }
+
+    /// Attention of `layer` for one micro-batch, then its FFN rows out to the cards.
+    fn attention_and_dispatch(
+        &mut self,
+        layer: usize,
+        mb: &mut MicroBatch,
+        m: u8,
+        tables: &HashMap<SeqId, (&[u32], usize)>,
+    ) -> Result<(), StepError> {
+        let span = self.trace.begin();
+        let eps = self.config.rms_norm_eps;
+        let hidden = self.config.hidden_size;
+        let l = &self.layers[layer];
+        let h = ops::rms_norm(&mb.x, &l.input_norm, eps).map_err(model_err)?;
+        let mut view = self.cache.step(tables);
+        let attn = l
+            .attention
+            .forward(
+                layer,
+                &h,
+                &mb.spans,
+                &mb.cos,
+                &mb.sin,
+                &mut view as &mut dyn KvCache,
+            )
+            .map_err(model_err)?;
+        mb.x = (&mb.x + attn).map_err(model_err)?;
+        let h2 =
+            ops::to_f32_vec(&ops::rms_norm(&mb.x, &l.post_attention_norm, eps).map_err(model_err)?)
+                .map_err(model_err)?;
+        let rows = mb.positions.len();
+        let meta = self.meta(layer as u16, m);
+        let immediate = Immediate {
+            step: self.step_counter,
+            layer: layer as u16,
+            micro_batch: m,
+        };
+        let pending = match l.ffn {
+            FfnKind::Moe => {
+                let spec = self
+                    .config
+                    .moe
+                    .ok_or_else(|| StepError::Model("MoE layer without experts".into()))?;
+                let router = l
+                    .router
+                    .as_ref()
+                    .ok_or_else(|| StepError::Model("MoE layer without a router".into()))?;
+                let routing = route(router, &spec, &h2, rows);
+                let keys: Vec<u64> = mb.positions.iter().map(|&p| p as u64).collect();
+                let plan = plan_dispatch(&routing, layer, &self.layout.placement, &keys);
+                self.trace.end(span, "attention", layer, m);
+                let span = self.trace.begin();
+                let mut cards = Vec::new();
+                for c in &plan.cards {
+                    let mut sel = Vec::with_capacity(c.rows.len() * hidden);
+                    for &r in &c.rows {
+                        sel.extend_from_slice(&h2[r * hidden..(r + 1) * hidden]);
+                    }
+                    let mut msg = Vec::new();
+                    data::encode_moe_dispatch(
+                        meta, hidden, &sel, plan.slots, &c.experts, &c.weights, &mut msg,
+                    );
+                    self.fabric.send(c.card, m, msg, immediate)?;
+                    cards.push(c.card);
+                }
+                self.trace.end(span, "dispatch", layer, m);
+                Pending {
+                    layer,
+                    plan: Some(plan),
+                    cards,
+                }
+            }
+            FfnKind::Dense => {
+                self.trace.end(span, "attention", layer, m);
+                let span = self.trace.begin();
+                let mut msg = Vec::new();
+                data::encode_rows(Kind::DenseDispatch, meta, hidden, &h2, &mut msg);
+                for &card in &self.layout.dense_cards {
+                    self.fabric.send(card, m, msg.clone(), immediate)?;
+                }
+                self.trace.end(span, "dispatch", layer, m);
+                Pending {
+                    layer,
+                    plan: None,
+                    cards: self.layout.dense_cards.clone(),
+                }
+            }
+        };
+        mb.pending = Some(pending);
+        Ok(())
+    }
+
+    /// Waits for the replies a micro-batch is owed and adds them to its residual stream.
+    fn finish_ffn(
+        &mut self,
+        mb: &mut MicroBatch,
+        m: u8,
+        stash: &mut HashMap<(usize, u8, usize), Vec<u8>>,
+    ) -> Result<(), StepError> {
+        let Some(p) = mb.pending.take() else {
+            return Ok(());
+        };
+        let span = self.trace.begin();
+        let replies = self.collect(p.layer as u16, m, &p.cards, stash)?;
+        let hidden = self.config.hidden_size;
+        let rows = mb.positions.len();
+        let mut partials = Vec::with_capacity(replies.len());
+        for (card, bytes) in p.cards.iter().zip(&replies) {
+            let (h, r) =
+                data::decode_rows(bytes, Kind::PartialSums).map_err(|e| StepError::Card {
+                    card: *card,
+                    message: format!("bad partial sums: {e}"),
+                })?;
+            if h.hidden as usize != hidden {
+                return Err(StepError::Card {
+                    card: *card,
+                    message: format!(
+                        "partial sums of width {} for a model of width {hidden}",
+                        h.hidden
+                    ),
+                });
+            }
+            partials.push(r.to_f32());
+        }
+        let mut ffn = vec![0f32; rows * hidden];
+        match &p.plan {
+            Some(plan) => {
+                for (c, part) in plan.cards.iter().zip(&partials) {
+                    if part.len() != c.rows.len() * hidden {
+                        return Err(StepError::Card {
+                            card: c.card,
+                            message: format!(
+                                "{} partial rows for {} rows sent",
+                                part.len() / hidden,
+                                c.rows.len()
+                            ),
+                        });
+                    }
+                }
+                combine(plan, &partials, hidden, &mut ffn);
+            }
+            None => {
+                for (card, part) in p.cards.iter().zip(&partials) {
+                    if part.len() != ffn.len() {
+                        return Err(StepError::Card {
+                            card: *card,
+                            message: "dense partial sums of the wrong size".into(),
+                        });
+                    }
+                    for (d, s) in ffn.iter_mut().zip(part) {
+                        *d += s;
+                    }
+                }
+            }
+        }
+        let ffn = Tensor::from_vec(ffn, (rows, hidden), &self.device).map_err(model_err)?;
+        mb.x = (&mb.x + ffn).map_err(model_err)?;
+        self.trace.end(span, "wait+combine", p.layer, m);
+        Ok(())
+    }
+
+    /// The replies of `cards` for (layer, micro-batch) of this step, in the order of `cards`.
+    pub(super) fn collect(
+        &mut self,
+        layer: u16,
+        m: u8,
+        cards: &[usize],
+        stash: &mut HashMap<(usize, u8, usize), Vec<u8>>,
+    ) -> Result<Vec<Vec<u8>>, StepError> {
+        let mut out: Vec<Option<Vec<u8>>> = cards
+            .iter()
+            .map(|&c| stash.remove(&(layer as usize, m, c)))
+            .collect();
+        while out.iter().any(Option::is_none) {
+            let Reply {
+                card,
+                immediate,
+                bytes,
+            } = self
+                .fabric
+                .recv(self.node.reply_timeout)
+                .map_err(|e| match e {
+                    StepError::Card {
+                        card: usize::MAX,
+                        message,
+                    } => StepError::Card {
+                        card: cards
+                            .iter()
+                            .zip(&out)
+                            .find(|(_, o)| o.is_none())
+                            .map_or(0, |(c, _)| *c),
+                        message,
+                    },
+                    other => other,
+                })?;
+            if let Ok(h) = data::decode_header(&bytes)
+                && h.kind == Kind::Error
+            {
+                let message = data::decode_error(&bytes).map_or_else(|e| e.to_string(), |(_, m)| m);
+                return Err(StepError::Card { card, message });
+            }
+            if immediate.step != self.step_counter & ((1 << 40) - 1) {
+                // A late reply of a failed earlier step: not ours to use.
+                tracing::warn!(card, step = immediate.step, "dropping a stale reply");
+                continue;
+            }
+            match cards.iter().position(|&c| c == card) {
+                Some(i) if immediate.layer == layer && immediate.micro_batch == m => {
+                    out[i] = Some(bytes)
+                }
+                _ => {
+                    stash.insert(
+                        (immediate.layer as usize, immediate.micro_batch, card),
+                        bytes,
+                    );
+                }
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+}

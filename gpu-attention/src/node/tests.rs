@@ -1,0 +1,384 @@
+//! The node against the reference, with in-memory cards that compute the expert math with the
+//! model crate's own functions (the real cards come from corsair-ffn).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::Duration;
+
+use model::forward::moe::gated_mlp;
+use model::generate::{GenerationRequest, generate};
+use model::sampling::{self, SamplingParams};
+use model::weights::{ExpertFilter, FfnWeights, LoadOptions};
+use model::{ModelWeights, ReferenceModel};
+use proto::data::{self, Candidate, Immediate, Kind, Proposal};
+
+use super::*;
+use crate::dispatch::ExpertPlacement;
+use crate::fabric::{CardFabric, Reply};
+use crate::step::{SampleRequest, StepEntry};
+
+/// Cards in memory: card `c` holds experts `e % cards == c` and a contiguous vocabulary slice.
+struct MemoryCards {
+    weights: ModelWeights,
+    cards: usize,
+    vocab: Vec<Range<u32>>,
+    queue: VecDeque<Reply>,
+}
+
+impl MemoryCards {
+    fn reply(&mut self, card: usize, immediate: Immediate, bytes: Vec<u8>) {
+        self.queue.push_back(Reply {
+            card,
+            immediate,
+            bytes,
+        });
+    }
+}
+
+impl CardFabric for MemoryCards {
+    fn cards(&self) -> usize {
+        self.cards
+    }
+
+    fn send(
+        &mut self,
+        card: usize,
+        _mb: u8,
+        message: Vec<u8>,
+        immediate: Immediate,
+    ) -> Result<(), StepError> {
+        let h = data::decode_header(&message).unwrap();
+        let meta = data::MessageMeta {
+            step: h.step,
+            layer: h.layer,
+            micro_batch: h.micro_batch,
+            dtype: h.dtype,
+        };
+        let cfg = self.weights.config.clone();
+        let hidden = cfg.hidden_size;
+        let mut out = Vec::new();
+        match h.kind {
+            Kind::MoeDispatch => {
+                let d = data::decode_moe_dispatch(&message).unwrap();
+                let rows = d.rows.to_f32();
+                let FfnWeights::Moe(moe) = &self.weights.layers[h.layer as usize].ffn else {
+                    panic!("not MoE")
+                };
+                let act = cfg.moe.unwrap().activation;
+                let mut partial = vec![0f32; rows.len()];
+                for t in 0..h.tokens as usize {
+                    let x = &rows[t * hidden..(t + 1) * hidden];
+                    for s in 0..h.slots as usize {
+                        let e = d.expert(t, s);
+                        if e == data::NO_EXPERT {
+                            continue;
+                        }
+                        assert_eq!(
+                            e as usize % self.cards,
+                            card,
+                            "expert sent to the wrong card"
+                        );
+                        let y = gated_mlp(moe.expert(e as usize).unwrap(), act, x, 1);
+                        for (p, v) in partial[t * hidden..(t + 1) * hidden].iter_mut().zip(y) {
+                            *p += v * d.weight(t, s);
+                        }
+                    }
+                }
+                data::encode_rows(Kind::PartialSums, meta, hidden, &partial, &mut out);
+            }
+            Kind::DenseDispatch => {
+                let (_, r) = data::decode_rows(&message, Kind::DenseDispatch).unwrap();
+                let FfnWeights::Dense(mlp) = &self.weights.layers[h.layer as usize].ffn else {
+                    panic!("not dense")
+                };
+                let y = gated_mlp(
+                    mlp,
+                    model::config::Activation::SwiGlu,
+                    &r.to_f32(),
+                    h.tokens as usize,
+                );
+                data::encode_rows(Kind::PartialSums, meta, hidden, &y, &mut out);
+            }
+            Kind::LmHeadDispatch => {
+                let d = data::decode_lm_head_dispatch(&message).unwrap();
+                let rows = d.rows.to_f32();
+                let range = self.vocab[card].clone();
+                let head = self
+                    .weights
+                    .lm_head
+                    .select_rows(range.start as usize, 1, range.len());
+                let n = h.tokens as usize;
+                let mut logits = vec![0f32; n * range.len()];
+                model::kernels::matmul(&rows, n, &head, None, &mut logits);
+                let proposals: Vec<Proposal> = (0..n)
+                    .map(|t| {
+                        let row = &logits[t * range.len()..(t + 1) * range.len()];
+                        let s = d.sampling(t);
+                        let params = SamplingParams {
+                            temperature: s.temperature,
+                            seed: s.seed,
+                            ..Default::default()
+                        };
+                        let mut order: Vec<usize> = (0..row.len()).collect();
+                        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+                        let mut winner = (f64::NEG_INFINITY, u32::MAX, 0f32);
+                        if s.temperature > 0.0 {
+                            for (i, &l) in row.iter().enumerate() {
+                                let tok = range.start + i as u32;
+                                let score = sampling::gumbel_score(l, &params, s.position, tok);
+                                if score > winner.0 {
+                                    winner = (score, tok, l);
+                                }
+                            }
+                        }
+                        Proposal {
+                            log_sum_exp: sampling::log_sum_exp(row),
+                            winner: winner.1,
+                            winner_logit: winner.2,
+                            winner_score: winner.0,
+                            candidates: order
+                                .iter()
+                                .take(h.slots as usize)
+                                .map(|&i| Candidate {
+                                    logit: row[i],
+                                    token: range.start + i as u32,
+                                })
+                                .collect(),
+                        }
+                    })
+                    .collect();
+                data::encode_proposals(meta, h.slots as usize, &proposals, &mut out);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        self.reply(card, immediate, out);
+        Ok(())
+    }
+
+    fn recv(&mut self, _timeout: Duration) -> Result<Reply, StepError> {
+        self.queue.pop_front().ok_or(StepError::Card {
+            card: usize::MAX,
+            message: "nothing to receive".into(),
+        })
+    }
+
+    fn traffic(&self) -> (u64, u64) {
+        (0, 0)
+    }
+}
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures")
+        .join(name)
+}
+
+fn node(dir: &std::path::Path, cards: usize, micro_batches: MicroBatches) -> DisaggregatedNode {
+    let all = ModelWeights::load(dir).unwrap();
+    let attn = ModelWeights::load_with(
+        dir,
+        &LoadOptions {
+            experts: ExpertFilter::None,
+        },
+    )
+    .unwrap();
+    let cfg = &all.config;
+    let experts = cfg.moe.map_or(0, |m| m.num_experts);
+    let card_experts: Vec<Vec<Vec<u32>>> = (0..cards)
+        .map(|c| {
+            (0..cfg.num_layers())
+                .map(|l| {
+                    if cfg.layers[l].ffn == FfnKind::Moe {
+                        (0..experts as u32)
+                            .filter(|e| *e as usize % cards == c)
+                            .collect()
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let moe_layers: Vec<bool> = cfg.layers.iter().map(|l| l.ffn == FfnKind::Moe).collect();
+    let per = (cfg.vocab_size as u32).div_ceil(cards as u32);
+    let vocab: Vec<Range<u32>> = (0..cards as u32)
+        .map(|c| (c * per).min(cfg.vocab_size as u32)..((c + 1) * per).min(cfg.vocab_size as u32))
+        .collect();
+    let layout = CardLayout {
+        placement: ExpertPlacement::new(cfg.num_layers(), experts, &moe_layers, &card_experts)
+            .unwrap(),
+        dense_cards: vec![0],
+        lm_head: vocab.clone(),
+    };
+    let fabric = MemoryCards {
+        weights: all,
+        cards,
+        vocab,
+        queue: VecDeque::new(),
+    };
+    let config = NodeConfig {
+        micro_batches,
+        lm_head_candidates: 4,
+        kv: crate::kv_cache::KvCacheConfig {
+            block_size: 4,
+            memory_bytes: 4 << 20,
+        },
+        ..NodeConfig::default()
+    };
+    DisaggregatedNode::new(&attn, layout, Box::new(fabric), config).unwrap()
+}
+
+/// Greedy generation of several prompts together through the node's step API.
+fn run(
+    node: &mut DisaggregatedNode,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    params: SamplingParams,
+) -> Vec<Vec<u32>> {
+    let bs = node.kv_capacity().block_size;
+    let request = SampleRequest {
+        params,
+        penalties: Default::default(),
+        top_logprobs: 1,
+    };
+    let mut outputs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let mut next_block = 0u32;
+    let tables: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let blocks = (p.len() + max_tokens).div_ceil(bs) as u32;
+            let t = (next_block..next_block + blocks).collect();
+            next_block += blocks;
+            t
+        })
+        .collect();
+    for step in 0..max_tokens {
+        let entries: Vec<StepEntry> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| StepEntry {
+                seq: 100 + i as u64,
+                tokens: if step == 0 {
+                    p.clone()
+                } else {
+                    vec![*outputs[i].last().unwrap()]
+                },
+                start: if step == 0 { 0 } else { p.len() + step - 1 },
+                prompt_len: p.len(),
+                block_table: tables[i].clone(),
+                sample: Some(request),
+            })
+            .collect();
+        let out = node.step(&StepBatch { entries }).unwrap();
+        for (i, t) in out.sampled.iter().enumerate() {
+            assert_eq!(t.seq, 100 + i as u64);
+            outputs[i].push(t.token);
+        }
+    }
+    node.free(
+        &(0..prompts.len() as u64)
+            .map(|i| 100 + i)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    outputs
+}
+
+fn reference(
+    dir: &std::path::Path,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    params: SamplingParams,
+) -> Vec<Vec<u32>> {
+    let mut m = ReferenceModel::new(ModelWeights::load(dir).unwrap()).unwrap();
+    let requests: Vec<GenerationRequest> = prompts
+        .iter()
+        .map(|p| GenerationRequest {
+            prompt: p.clone(),
+            max_tokens,
+            sampling: params,
+            stop_token_ids: vec![],
+        })
+        .collect();
+    generate(&mut m, &requests, 0)
+        .unwrap()
+        .into_iter()
+        .map(|g| g.output_ids)
+        .collect()
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        vec![5, 17, 99, 3, 42, 8, 77, 12, 1, 30],
+        vec![7, 7, 200],
+        vec![64, 32, 16, 8, 4, 2],
+    ]
+}
+
+#[test]
+fn greedy_matches_the_reference_for_every_family_card_count_and_overlap() {
+    for name in [
+        "gpt-oss-bf16",
+        "gpt-oss-mxfp4",
+        "mixtral",
+        "qwen3-moe-fused",
+    ] {
+        let dir = fixture(name);
+        let expected = reference(&dir, &prompts(), 8, SamplingParams::greedy());
+        for cards in [1, 2, 3] {
+            for mb in [MicroBatches::One, MicroBatches::Two] {
+                let mut n = node(&dir, cards, mb);
+                assert_eq!(
+                    run(&mut n, &prompts(), 8, SamplingParams::greedy()),
+                    expected,
+                    "{name} cards {cards} {mb:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn seeded_sampling_is_the_same_for_every_card_count() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let params = SamplingParams {
+        temperature: 0.8,
+        seed: 1234,
+        ..Default::default()
+    };
+    let expected = reference(&dir, &prompts(), 6, params);
+    for cards in [1, 2, 4] {
+        let mut n = node(&dir, cards, MicroBatches::Auto);
+        assert_eq!(
+            run(&mut n, &prompts(), 6, params),
+            expected,
+            "cards {cards}"
+        );
+    }
+    // Nucleus sampling goes through the full-logits fallback and still matches.
+    let nucleus = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.8,
+        seed: 7,
+        ..Default::default()
+    };
+    let expected = reference(&dir, &prompts(), 4, nucleus);
+    let mut n = node(&dir, 3, MicroBatches::Two);
+    assert_eq!(run(&mut n, &prompts(), 4, nucleus), expected);
+    assert!(n.stats().full_logits_rows > 0);
+}
+
+#[test]
+fn a_sequence_gives_the_same_tokens_alone_and_in_a_batch() {
+    let dir = fixture("qwen3-moe");
+    let all = prompts();
+    let mut n = node(&dir, 2, MicroBatches::Auto);
+    let batched = run(&mut n, &all, 6, SamplingParams::greedy());
+    for (i, p) in all.iter().enumerate() {
+        let mut n = node(&dir, 2, MicroBatches::Auto);
+        assert_eq!(
+            run(&mut n, std::slice::from_ref(p), 6, SamplingParams::greedy())[0],
+            batched[i]
+        );
+    }
+}
