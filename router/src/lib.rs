@@ -5,3 +5,32 @@
 //! and spreading requests over several attention nodes.
 //!
 //! Must not: do HTTP or know the model's numerics; it drives attention nodes through their step API.
+//!
+//! Layout:
+//! - [`scheduler`]: the deterministic, I/O-free core of one node ([`Scheduler`], its
+//!   [`BlockManager`]); tested with fake model outputs.
+//! - `engine`: the thin shell, one OS thread per attention node running
+//!   schedule -> free -> step -> update, with commands (submit, abort) over a channel.
+//! - [`Router`]: what the server holds. [`Router::submit`] admits a [`GenerationRequest`] (or
+//!   refuses it with [`Error::QueueFull`]), places it on the least-loaded node and returns a
+//!   [`RequestStream`] of [`TokenOutput`]s; dropping the stream aborts the request and frees
+//!   its KV blocks at once.
+//! - [`stats`]: snapshots for metrics, including the [`AfdStats`] hooks of the disaggregated path.
+//! - [`fake`]: a deterministic fake attention node for tests without a model.
+
+pub mod config;
+mod dispatch;
+mod engine;
+pub mod error;
+pub mod fake;
+pub mod scheduler;
+pub mod stats;
+
+pub use config::{RouterConfig, SchedulerConfig};
+pub use dispatch::{GenerationRequest, RequestStream, Router};
+pub use engine::RequestEvent;
+pub use error::{Error, GenerationError};
+pub use scheduler::{
+    BlockManager, FinishReason, RequestId, Scheduler, SchedulerOutput, SequenceParams, TokenOutput,
+};
+pub use stats::{AfdStats, AfdStatsSource, NodeStats, RouterStats};

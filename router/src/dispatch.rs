@@ -1,0 +1,256 @@
+//! The router handle the server holds: admission (a bounded waiting queue), least-loaded
+//! assignment of new requests to attention nodes, and per-request output streams whose drop
+//! aborts the request.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use gpu_attention::{AttentionNode, KvCapacity};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::config::RouterConfig;
+use crate::engine::{Command, Engine, NodeShared, RequestEvent};
+use crate::error::Error;
+use crate::scheduler::{NewRequest, RequestId, Scheduler, SequenceParams};
+use crate::stats::RouterStats;
+
+/// A request as the server hands it to the router (tokenized and validated).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    /// Prompt token ids (not empty).
+    pub prompt: Vec<u32>,
+    /// How to generate.
+    pub params: SequenceParams,
+    /// When the frontend received the request.
+    pub arrival: Instant,
+}
+
+struct NodeHandle {
+    commands: Sender<Command>,
+    shared: Arc<NodeShared>,
+    kv: KvCapacity,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Continuous batching over one or more attention nodes (one engine thread each).
+pub struct Router {
+    config: RouterConfig,
+    nodes: Vec<NodeHandle>,
+    next_id: AtomicU64,
+    not_started_total: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("config", &self.config)
+            .field("nodes", &self.nodes.len())
+            .finish()
+    }
+}
+
+impl Router {
+    /// Starts one engine thread per node. Every node must hold `max_model_len` tokens.
+    pub fn start(config: RouterConfig, nodes: Vec<Box<dyn AttentionNode>>) -> Result<Self, Error> {
+        if nodes.is_empty() {
+            return Err(Error::NoNodes);
+        }
+        let not_started_total = Arc::new(AtomicUsize::new(0));
+        let mut handles = Vec::with_capacity(nodes.len());
+        for (index, node) in nodes.into_iter().enumerate() {
+            let kv = node.kv_capacity();
+            let scheduler = Scheduler::new(config.scheduler.clone(), kv.block_size, kv.num_blocks)
+                .map_err(|e| Error::Config(format!("attention node {index}: {e}")))?;
+            let shared = Arc::new(NodeShared::new(Arc::clone(&not_started_total)));
+            let (tx, rx) = channel();
+            let engine = Engine::new(index, node, scheduler, Arc::clone(&shared), rx);
+            let thread = std::thread::Builder::new()
+                .name(format!("afd-engine-{index}"))
+                .spawn(move || engine.run())
+                .map_err(|e| Error::Config(format!("cannot start engine thread {index}: {e}")))?;
+            handles.push(NodeHandle {
+                commands: tx,
+                shared,
+                kv,
+                thread: Some(thread),
+            });
+        }
+        Ok(Router {
+            config,
+            nodes: handles,
+            next_id: AtomicU64::new(1),
+            not_started_total,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// Number of attention nodes.
+    pub fn num_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// KV geometry of each node.
+    pub fn kv_capacities(&self) -> Vec<KvCapacity> {
+        self.nodes.iter().map(|n| n.kv).collect()
+    }
+
+    /// Admits a request and starts it on the least-loaded node. Fails at once with
+    /// [`Error::QueueFull`] when `max_waiting` requests are already waiting.
+    pub fn submit(&self, request: GenerationRequest) -> Result<RequestStream, Error> {
+        let limit = self.config.max_waiting;
+        self.not_started_total
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (w < limit).then_some(w + 1)
+            })
+            .map_err(|waiting| Error::QueueFull { waiting, limit })?;
+        let Some((index, node)) = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.shared.alive.load(Ordering::Acquire))
+            .min_by_key(|(_, n)| n.shared.load.load(Ordering::Acquire))
+        else {
+            self.not_started_total.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::NodeDown {
+                node: 0,
+                message: "every engine loop has stopped".into(),
+            });
+        };
+        node.shared.load.fetch_add(1, Ordering::AcqRel);
+        node.shared.not_started.fetch_add(1, Ordering::AcqRel);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded_channel();
+        let command = Command::Submit {
+            request: NewRequest {
+                id,
+                prompt: request.prompt,
+                params: request.params,
+                arrival: request.arrival,
+            },
+            tx,
+        };
+        if node.commands.send(command).is_err() {
+            node.shared.load.fetch_sub(1, Ordering::AcqRel);
+            node.shared.not_started.fetch_sub(1, Ordering::AcqRel);
+            self.not_started_total.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::NodeDown {
+                node: index,
+                message: "its engine loop has stopped".into(),
+            });
+        }
+        Ok(RequestStream {
+            id,
+            node: index,
+            rx,
+            commands: node.commands.clone(),
+            finished: false,
+        })
+    }
+
+    /// Gauges and counters of every node.
+    pub fn stats(&self) -> RouterStats {
+        RouterStats {
+            nodes: self.nodes.iter().map(|n| n.shared.snapshot()).collect(),
+        }
+    }
+
+    /// Whether every node's engine runs and its last step succeeded.
+    pub fn is_healthy(&self) -> bool {
+        self.nodes.iter().all(|n| {
+            n.shared.alive.load(Ordering::Acquire) && n.shared.healthy.load(Ordering::Acquire)
+        })
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        for n in &self.nodes {
+            let _ = n.commands.send(Command::Shutdown);
+        }
+        // Join only loops that have already stopped: a node blocked in a step must not hang
+        // the caller; its thread ends by itself after that step.
+        for n in &mut self.nodes {
+            if let Some(t) = n.thread.take_if(|t| t.is_finished()) {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// The outputs of one request. Dropping it before the last token aborts the request, and the
+/// engine frees its KV blocks at once.
+#[derive(Debug)]
+pub struct RequestStream {
+    id: RequestId,
+    node: usize,
+    rx: UnboundedReceiver<RequestEvent>,
+    commands: Sender<Command>,
+    finished: bool,
+}
+
+impl RequestStream {
+    /// The request's id.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The node it runs on.
+    pub fn node(&self) -> usize {
+        self.node
+    }
+
+    /// The next token (or the error that ended the request); `None` after the last one.
+    pub async fn next(&mut self) -> Option<RequestEvent> {
+        if self.finished {
+            return None;
+        }
+        let event = self.rx.recv().await;
+        self.note(&event);
+        event
+    }
+
+    /// The next token if one is ready, without waiting.
+    pub fn try_next(&mut self) -> Option<RequestEvent> {
+        if self.finished {
+            return None;
+        }
+        let event = self.rx.try_recv().ok();
+        if event.is_some() {
+            self.note(&event);
+        }
+        event
+    }
+
+    /// Stops the request now (for example on a stop string), freeing its blocks.
+    pub fn abort(mut self) {
+        self.send_abort();
+    }
+
+    fn note(&mut self, event: &Option<RequestEvent>) {
+        match event {
+            None | Some(Err(_)) => self.finished = true,
+            Some(Ok(t)) if t.finish.is_some() => self.finished = true,
+            Some(Ok(_)) => {}
+        }
+    }
+
+    fn send_abort(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            let _ = self.commands.send(Command::Abort(self.id));
+        }
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        self.send_abort();
+    }
+}

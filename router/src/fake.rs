@@ -1,0 +1,256 @@
+//! A deterministic stand-in for an attention node, for tests and demos without a model.
+//!
+//! It keeps a real "KV cache" of token ids in the blocks the router assigns, checks that block
+//! tables are consistent (no block shared by two live sequences, enough blocks, positions that
+//! continue where the sequence left off), and picks each next token as a hash of every token of
+//! the sequence read back through its block table. So a sequence's tokens depend only on the
+//! sequence, never on what else is in the batch, and a router bug that hands one sequence's
+//! blocks to another, or forgets to re-prefill after a preemption, changes the output.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+use gpu_attention::step::SampledToken;
+use gpu_attention::{
+    AttentionNode, KvCapacity, SampleRequest, StepBatch, StepError, StepOutput, step::SeqId,
+};
+
+/// Pauses a [`FakeNode`] between steps, so tests can hold requests in place deterministically.
+#[derive(Debug, Default)]
+pub struct StepGate {
+    paused: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl StepGate {
+    /// A gate that is open.
+    pub fn new() -> Arc<Self> {
+        Arc::new(StepGate::default())
+    }
+
+    /// Steps that start from now on wait until [`StepGate::resume`].
+    pub fn pause(&self) {
+        *self.paused.lock().unwrap_or_else(PoisonError::into_inner) = true;
+    }
+
+    /// Lets steps run again.
+    pub fn resume(&self) {
+        *self.paused.lock().unwrap_or_else(PoisonError::into_inner) = false;
+        self.changed.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut paused = self.paused.lock().unwrap_or_else(PoisonError::into_inner);
+        while *paused {
+            paused = self
+                .changed
+                .wait(paused)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// How a [`FakeNode`] behaves.
+#[derive(Debug, Clone)]
+pub struct FakeNodeConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks.
+    pub num_blocks: usize,
+    /// The ids it generates from (hash mode).
+    pub vocab: Range<u32>,
+    /// When set, the i-th generated token of every sequence is `script[i % len]` instead of a
+    /// hash (for tests of stop strings and detokenization).
+    pub script: Option<Vec<u32>>,
+    /// Sleep this long in every step (to make requests overlap in tests).
+    pub step_delay: Duration,
+    /// A gate every step waits at.
+    pub gate: Option<Arc<StepGate>>,
+    /// Every sample request seen, in order (to check what reached the node).
+    pub observed: Option<Arc<Mutex<Vec<SampleRequest>>>>,
+}
+
+impl Default for FakeNodeConfig {
+    fn default() -> Self {
+        FakeNodeConfig {
+            block_size: 16,
+            num_blocks: 1024,
+            vocab: 32..127,
+            script: None,
+            step_delay: Duration::ZERO,
+            gate: None,
+            observed: None,
+        }
+    }
+}
+
+/// A deterministic fake attention node (see the module doc).
+#[derive(Debug)]
+pub struct FakeNode {
+    config: FakeNodeConfig,
+    /// Token stored in each cache slot (`block * block_size + offset`).
+    slots: Vec<u32>,
+    /// The live sequence that owns each block.
+    owner: Vec<Option<SeqId>>,
+    /// Per live sequence: tokens in the cache, and its blocks.
+    seqs: HashMap<SeqId, (usize, Vec<u32>)>,
+    steps: u64,
+}
+
+fn mix(h: u64, x: u64) -> u64 {
+    let mut z = (h ^ x).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl FakeNode {
+    /// A node with `config`.
+    pub fn new(config: FakeNodeConfig) -> Self {
+        let slots = vec![0; config.block_size * config.num_blocks];
+        FakeNode {
+            owner: vec![None; config.num_blocks],
+            slots,
+            seqs: HashMap::new(),
+            steps: 0,
+            config,
+        }
+    }
+
+    /// The token a sequence of `tokens` (prompt then outputs; `prompt_len` of them prompt)
+    /// produces next under `sample`: what this node returns, for tests to compare against.
+    pub fn next_token(
+        config: &FakeNodeConfig,
+        tokens: &[u32],
+        prompt_len: usize,
+        sample: &SampleRequest,
+    ) -> u32 {
+        if let Some(script) = config.script.as_ref().filter(|s| !s.is_empty()) {
+            return script[(tokens.len() - prompt_len) % script.len()];
+        }
+        let mut h = tokens
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, &t| mix(h, t as u64));
+        if !sample.params.is_greedy() {
+            h = mix(mix(h, sample.params.seed), tokens.len() as u64);
+        }
+        let span = (config.vocab.end - config.vocab.start).max(1) as u64;
+        config.vocab.start + (h % span) as u32
+    }
+
+    /// Steps run so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    fn slot(&self, table: &[u32], position: usize) -> usize {
+        let bs = self.config.block_size;
+        table[position / bs] as usize * bs + position % bs
+    }
+}
+
+impl AttentionNode for FakeNode {
+    fn kv_capacity(&self) -> KvCapacity {
+        KvCapacity {
+            block_size: self.config.block_size,
+            num_blocks: self.config.num_blocks,
+        }
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
+        if let Some(gate) = &self.config.gate {
+            gate.wait();
+        }
+        if !self.config.step_delay.is_zero() {
+            std::thread::sleep(self.config.step_delay);
+        }
+        self.steps += 1;
+        let mut out = StepOutput::default();
+        for e in &batch.entries {
+            let known = self.seqs.get(&e.seq).map_or(0, |(len, _)| *len);
+            if e.start != known {
+                return Err(StepError::Invalid(format!(
+                    "sequence {} starts at {} but {known} of its tokens are cached",
+                    e.seq, e.start
+                )));
+            }
+            let end = e.start + e.tokens.len();
+            if e.block_table.len() * self.config.block_size < end {
+                return Err(StepError::Invalid(format!(
+                    "sequence {} has {} blocks for {end} tokens",
+                    e.seq,
+                    e.block_table.len()
+                )));
+            }
+            for &b in &e.block_table {
+                match self.owner.get(b as usize) {
+                    None => {
+                        return Err(StepError::Invalid(format!("block {b} does not exist")));
+                    }
+                    Some(Some(other)) if *other != e.seq => {
+                        return Err(StepError::Invalid(format!(
+                            "block {b} of live sequence {other} given to sequence {}",
+                            e.seq
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+            for &b in &e.block_table {
+                self.owner[b as usize] = Some(e.seq);
+            }
+            for (i, &t) in e.tokens.iter().enumerate() {
+                let s = self.slot(&e.block_table, e.start + i);
+                self.slots[s] = t;
+            }
+            self.seqs.insert(e.seq, (end, e.block_table.clone()));
+            let Some(sample) = &e.sample else {
+                continue;
+            };
+            if let Some(observed) = &self.config.observed {
+                observed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(*sample);
+            }
+            let history: Vec<u32> = (0..end)
+                .map(|p| self.slots[self.slot(&e.block_table, p)])
+                .collect();
+            let token = Self::next_token(&self.config, &history, e.prompt_len, sample);
+            let logprob = -(((token as u64 * 7919) % 97) as f32) / 10.0 - 0.05;
+            let mut top_logprobs = Vec::new();
+            for k in 0..sample.top_logprobs {
+                let alt = if k == 0 {
+                    token
+                } else {
+                    self.config.vocab.start
+                        + (token - self.config.vocab.start + k as u32)
+                            % (self.config.vocab.end - self.config.vocab.start).max(1)
+                };
+                top_logprobs.push((alt, logprob - k as f32));
+            }
+            out.sampled.push(SampledToken {
+                seq: e.seq,
+                token,
+                logprob,
+                top_logprobs,
+            });
+        }
+        Ok(out)
+    }
+
+    fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError> {
+        for s in seqs {
+            if let Some((_, blocks)) = self.seqs.remove(s) {
+                for b in blocks {
+                    if self.owner[b as usize] == Some(*s) {
+                        self.owner[b as usize] = None;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,402 @@
+//! The I/O-free scheduling core of one attention node, in the style of vLLM v1.
+//!
+//! Every step, [`Scheduler::schedule`] picks work within a token budget
+//! (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`): first the running requests,
+//! oldest first (a decode is one token, a prompt being prefilled in chunks takes what is left of
+//! the budget), then waiting requests in arrival order (first come, first served) while budget,
+//! sequence slots and KV blocks last. A running request that needs a new KV block when none is
+//! free takes it from the newest running request, which is preempted by recompute: its blocks
+//! are freed, the node forgets it, and it goes back to the front of the waiting queue, to be
+//! prefilled again later with its prompt and everything it had generated. No new request starts
+//! in a step that preempted.
+//!
+//! [`Scheduler::update_from_output`] takes the node's sampled tokens, appends them, checks the
+//! stop conditions and frees finished requests. The caller passes `now`; nothing here reads a
+//! clock, sleeps or does I/O, so the whole core is driven by tests with fake model outputs.
+
+mod block_manager;
+mod request;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+pub use block_manager::BlockManager;
+use gpu_attention::{StepEntry, StepOutput};
+use request::Sequence;
+pub use request::{
+    FinishReason, NewRequest, RequestId, RequestStatus, SchedulerOutput, SchedulerStats,
+    SequenceParams, TokenOutput,
+};
+
+use crate::config::SchedulerConfig;
+use crate::error::Error;
+
+/// The scheduler of one attention node.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    blocks: BlockManager,
+    seqs: HashMap<RequestId, Sequence>,
+    /// Waiting and preempted requests; preempted ones go back to the front.
+    waiting: VecDeque<RequestId>,
+    /// Running requests, oldest first (the newest is preempted first).
+    running: Vec<RequestId>,
+    /// Sequences the node must forget before the next step.
+    to_free: Vec<RequestId>,
+    stats: SchedulerStats,
+}
+
+impl Scheduler {
+    /// A scheduler for a node whose cache has `num_blocks` blocks of `block_size` tokens.
+    pub fn new(
+        config: SchedulerConfig,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self, Error> {
+        if config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 {
+            return Err(Error::Config(
+                "max_num_seqs and max_num_batched_tokens must be at least 1".into(),
+            ));
+        }
+        if block_size == 0 {
+            return Err(Error::Config("the node reports a block size of 0".into()));
+        }
+        let capacity = block_size * num_blocks;
+        if config.max_model_len == 0 || config.max_model_len > capacity {
+            return Err(Error::Config(format!(
+                "max_model_len {} does not fit the node's KV cache of {capacity} tokens \
+                 ({num_blocks} blocks of {block_size}); lower --max-model-len or give the node \
+                 more cache",
+                config.max_model_len
+            )));
+        }
+        if !config.enable_chunked_prefill && config.max_num_batched_tokens < config.max_model_len {
+            return Err(Error::Config(format!(
+                "without chunked prefill max_num_batched_tokens ({}) must be at least \
+                 max_model_len ({})",
+                config.max_num_batched_tokens, config.max_model_len
+            )));
+        }
+        Ok(Scheduler {
+            blocks: BlockManager::new(block_size, num_blocks),
+            config,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            to_free: Vec::new(),
+            stats: SchedulerStats::default(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// The block accounting (read-only).
+    pub fn block_manager(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    /// Queues a request (it starts at a later [`Scheduler::schedule`]).
+    pub fn add_request(&mut self, request: NewRequest) -> Result<(), Error> {
+        let NewRequest {
+            id, prompt, params, ..
+        } = request;
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest("the prompt is empty".into()));
+        }
+        if params.max_tokens == 0 {
+            return Err(Error::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        if prompt.len() + params.max_tokens > self.config.max_model_len {
+            return Err(Error::InvalidRequest(format!(
+                "{} prompt tokens plus max_tokens {} exceed max_model_len {}",
+                prompt.len(),
+                params.max_tokens,
+                self.config.max_model_len
+            )));
+        }
+        if self.seqs.contains_key(&id) {
+            return Err(Error::InvalidRequest(format!(
+                "request id {id} is already in use"
+            )));
+        }
+        self.seqs.insert(
+            id,
+            Sequence {
+                prompt_len: prompt.len(),
+                tokens: prompt,
+                num_computed: 0,
+                blocks: Vec::new(),
+                status: RequestStatus::Waiting,
+                params,
+                first_scheduled: None,
+                on_node: false,
+                num_preemptions: 0,
+            },
+        );
+        self.waiting.push_back(id);
+        Ok(())
+    }
+
+    /// Drops a request wherever it is and frees its blocks at once. Returns its status, or
+    /// `None` if it is unknown (already finished).
+    pub fn abort(&mut self, id: RequestId) -> Option<RequestStatus> {
+        let status = self.seqs.get(&id)?.status;
+        match status {
+            RequestStatus::Running => self.running.retain(|&r| r != id),
+            RequestStatus::Waiting | RequestStatus::Preempted => self.waiting.retain(|&r| r != id),
+        }
+        self.remove(id);
+        Some(status)
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+
+    /// Requests known to the scheduler.
+    pub fn num_requests(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Status of a request, if it is known.
+    pub fn status(&self, id: RequestId) -> Option<RequestStatus> {
+        self.seqs.get(&id).map(|s| s.status)
+    }
+
+    /// Ids of every running request, oldest first.
+    pub fn running(&self) -> &[RequestId] {
+        &self.running
+    }
+
+    /// Ids of every known request.
+    pub fn request_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.seqs.keys().copied()
+    }
+
+    /// Sequences the node must forget now (taken: the caller frees them on the node).
+    pub fn take_freed(&mut self) -> Vec<RequestId> {
+        std::mem::take(&mut self.to_free)
+    }
+
+    /// Counters and gauges.
+    pub fn stats(&self) -> SchedulerStats {
+        let mut s = self.stats;
+        s.running = self.running.len();
+        s.waiting_new = 0;
+        s.waiting_preempted = 0;
+        for id in &self.waiting {
+            match self.seqs.get(id).map(|q| q.status) {
+                Some(RequestStatus::Preempted) => s.waiting_preempted += 1,
+                _ => s.waiting_new += 1,
+            }
+        }
+        s.kv_blocks_used = self.blocks.num_used();
+        s.kv_blocks_total = self.blocks.num_blocks();
+        s
+    }
+
+    /// Picks the next step.
+    pub fn schedule(&mut self, now: Instant) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        let mut budget = self.config.max_num_batched_tokens;
+
+        // Running requests first, oldest first; preempt from the newest end when blocks run out.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let Some(seq) = self.seqs.get(&id) else {
+                self.running.remove(i);
+                continue;
+            };
+            let n = (seq.tokens.len() - seq.num_computed).min(budget);
+            let target = seq.num_computed + n;
+            let mut preempted_self = false;
+            while let Some(seq) = self.seqs.get_mut(&id) {
+                if self.blocks.grow_to(&mut seq.blocks, target) {
+                    break;
+                }
+                // The newest running request gives up its blocks (possibly this one).
+                let Some(victim) = self.running.pop() else {
+                    break;
+                };
+                self.preempt(victim);
+                out.preempted.push(victim);
+                if victim == id {
+                    preempted_self = true;
+                    break;
+                }
+            }
+            if preempted_self {
+                break;
+            }
+            out.num_scheduled_tokens.push((id, n));
+            budget -= n;
+            i += 1;
+        }
+
+        // Then waiting requests, first come first served, unless this step preempted.
+        if out.preempted.is_empty() {
+            while let Some(&id) = self.waiting.front() {
+                if budget == 0 || self.running.len() >= self.config.max_num_seqs {
+                    break;
+                }
+                let Some(seq) = self.seqs.get_mut(&id) else {
+                    self.waiting.pop_front();
+                    continue;
+                };
+                let remaining = seq.tokens.len() - seq.num_computed;
+                if !self.config.enable_chunked_prefill && remaining > budget {
+                    break;
+                }
+                let n = remaining.min(budget);
+                if !self.blocks.grow_to(&mut seq.blocks, seq.num_computed + n) {
+                    break;
+                }
+                self.waiting.pop_front();
+                if seq.first_scheduled.is_none() {
+                    seq.first_scheduled = Some(now);
+                    out.started.push(id);
+                }
+                seq.status = RequestStatus::Running;
+                self.running.push(id);
+                out.num_scheduled_tokens.push((id, n));
+                budget -= n;
+            }
+        }
+
+        // The step itself.
+        for &(id, n) in &out.num_scheduled_tokens {
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                continue;
+            };
+            let end = seq.num_computed + n;
+            seq.on_node = true;
+            out.batch.entries.push(StepEntry {
+                seq: id,
+                tokens: seq.tokens[seq.num_computed..end].to_vec(),
+                start: seq.num_computed,
+                prompt_len: seq.prompt_len,
+                block_table: seq.blocks.clone(),
+                sample: (end == seq.tokens.len()).then_some(seq.params.sample),
+            });
+        }
+        out.freed = self.take_freed();
+        out
+    }
+
+    /// Applies a step's results: advances every scheduled request, appends sampled tokens,
+    /// finishes requests that hit a stop token, `max_tokens` or `max_model_len`, and frees them.
+    ///
+    /// A scheduled request that asked for a token and got none fails; it is returned in the
+    /// second list (and freed) so the caller can report it.
+    pub fn update_from_output(
+        &mut self,
+        scheduled: &SchedulerOutput,
+        output: &StepOutput,
+        now: Instant,
+    ) -> (Vec<TokenOutput>, Vec<RequestId>) {
+        let sampled: HashMap<u64, &gpu_attention::step::SampledToken> =
+            output.sampled.iter().map(|s| (s.seq, s)).collect();
+        let mut tokens = Vec::new();
+        let mut failed = Vec::new();
+        self.stats.steps_total += 1;
+        self.stats.last_step_tokens = scheduled.total_tokens();
+        for (entry, &(id, n)) in scheduled
+            .batch
+            .entries
+            .iter()
+            .zip(&scheduled.num_scheduled_tokens)
+        {
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                continue; // aborted since it was scheduled
+            };
+            seq.num_computed += n;
+            self.stats.computed_tokens_total += n as u64;
+            if entry.sample.is_none() {
+                continue;
+            }
+            let Some(s) = sampled.get(&id) else {
+                failed.push(id);
+                continue;
+            };
+            if seq.num_output() == 0 {
+                self.stats.prompt_tokens_total += seq.prompt_len as u64;
+            }
+            seq.tokens.push(s.token);
+            self.stats.generation_tokens_total += 1;
+            let finish = if seq.params.stop_token_ids.contains(&s.token) {
+                Some(FinishReason::StopToken(s.token))
+            } else if seq.num_output() >= seq.params.max_tokens
+                || seq.tokens.len() >= self.config.max_model_len
+            {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            tokens.push(TokenOutput {
+                id,
+                token: s.token,
+                logprob: s.logprob,
+                top_logprobs: s.top_logprobs.clone(),
+                finish,
+                first_scheduled: seq.first_scheduled.unwrap_or(now),
+                produced_at: now,
+                num_preemptions: seq.num_preemptions,
+            });
+            if finish.is_some() {
+                self.running.retain(|&r| r != id);
+                self.remove(id);
+            }
+        }
+        for &id in &failed {
+            self.abort(id);
+        }
+        (tokens, failed)
+    }
+
+    /// Fails every request in a step (the node returned an error): they are dropped and freed.
+    pub fn fail_step(&mut self, scheduled: &SchedulerOutput) -> Vec<RequestId> {
+        let ids: Vec<RequestId> = scheduled
+            .num_scheduled_tokens
+            .iter()
+            .map(|&(id, _)| id)
+            .collect();
+        for &id in &ids {
+            self.abort(id);
+        }
+        ids
+    }
+
+    fn preempt(&mut self, id: RequestId) {
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        self.blocks.release(&mut seq.blocks);
+        seq.num_computed = 0;
+        seq.status = RequestStatus::Preempted;
+        seq.num_preemptions += 1;
+        if std::mem::take(&mut seq.on_node) {
+            self.to_free.push(id);
+        }
+        self.stats.num_preemptions_total += 1;
+        self.waiting.push_front(id);
+    }
+
+    /// Forgets a request that is in neither queue any more.
+    fn remove(&mut self, id: RequestId) {
+        if let Some(mut seq) = self.seqs.remove(&id) {
+            self.blocks.release(&mut seq.blocks);
+            if seq.on_node {
+                self.to_free.push(id);
+            }
+        }
+    }
+}

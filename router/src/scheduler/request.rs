@@ -1,0 +1,164 @@
+//! What the scheduler keeps per request, and what it hands out per step.
+
+use std::time::Instant;
+
+use gpu_attention::{SampleRequest, StepBatch};
+
+/// A request's id, unique within one router; it is also the node's sequence id.
+pub type RequestId = u64;
+
+/// How one sequence is generated (validated by the server).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceParams {
+    /// Most tokens to generate (at least 1).
+    pub max_tokens: usize,
+    /// Sampling, penalties and logprobs, passed to the node as they are.
+    pub sample: SampleRequest,
+    /// Tokens that end the sequence (the model's end-of-sequence ids unless `ignore_eos`, plus
+    /// the request's `stop_token_ids`). The stop token is part of the output.
+    pub stop_token_ids: Vec<u32>,
+}
+
+/// A request as the scheduler receives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRequest {
+    /// Its id.
+    pub id: RequestId,
+    /// Prompt token ids (not empty).
+    pub prompt: Vec<u32>,
+    /// How to generate.
+    pub params: SequenceParams,
+    /// When the frontend received it (queue time is measured from here).
+    pub arrival: Instant,
+}
+
+/// Where a request is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestStatus {
+    /// Never scheduled yet.
+    Waiting,
+    /// In the running set: holds KV blocks and is scheduled every step.
+    Running,
+    /// Was running, lost its blocks to a request ahead of it, and waits to be recomputed.
+    Preempted,
+}
+
+/// Why a sequence finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// It produced one of its stop tokens (the token is the last output token).
+    StopToken(u32),
+    /// It reached `max_tokens` or `max_model_len`.
+    Length,
+}
+
+/// One generated token, as the scheduler reports it after a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenOutput {
+    /// The request.
+    pub id: RequestId,
+    /// The token.
+    pub token: u32,
+    /// Its log-probability (temperature 1, no filters), as the node reports it.
+    pub logprob: f32,
+    /// The most likely alternatives with their log-probabilities, best first.
+    pub top_logprobs: Vec<(u32, f32)>,
+    /// Set on the last token of the sequence.
+    pub finish: Option<FinishReason>,
+    /// When the request was first scheduled (the end of its queue time).
+    pub first_scheduled: Instant,
+    /// When the step that produced it ended (the caller's `now`).
+    pub produced_at: Instant,
+    /// How often the request has been preempted so far.
+    pub num_preemptions: u32,
+}
+
+/// One request's state inside the scheduler.
+#[derive(Debug, Clone)]
+pub(crate) struct Sequence {
+    pub(crate) prompt_len: usize,
+    /// Prompt followed by every generated token.
+    pub(crate) tokens: Vec<u32>,
+    /// Tokens whose keys and values are in the node's cache.
+    pub(crate) num_computed: usize,
+    /// Physical KV blocks, in order.
+    pub(crate) blocks: Vec<u32>,
+    pub(crate) status: RequestStatus,
+    pub(crate) params: SequenceParams,
+    pub(crate) first_scheduled: Option<Instant>,
+    /// The node holds state for this sequence (it has been in a step since its last reset).
+    pub(crate) on_node: bool,
+    pub(crate) num_preemptions: u32,
+}
+
+impl Sequence {
+    pub(crate) fn num_output(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+/// What one call to [`crate::Scheduler::schedule`] decided.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchedulerOutput {
+    /// The step for the node, one entry per scheduled request, in scheduling order.
+    pub batch: StepBatch,
+    /// Tokens scheduled per request, in the order of `batch.entries`.
+    pub num_scheduled_tokens: Vec<(RequestId, usize)>,
+    /// Sequences the node must forget before running `batch` (finished, aborted and
+    /// preempted since the last step).
+    pub freed: Vec<RequestId>,
+    /// Requests scheduled for the first time in this step.
+    pub started: Vec<RequestId>,
+    /// Requests preempted in this step.
+    pub preempted: Vec<RequestId>,
+}
+
+impl SchedulerOutput {
+    /// Tokens in the step.
+    pub fn total_tokens(&self) -> usize {
+        self.num_scheduled_tokens.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Whether nothing was scheduled.
+    pub fn is_empty(&self) -> bool {
+        self.batch.entries.is_empty()
+    }
+}
+
+/// Counters and gauges of one scheduler, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SchedulerStats {
+    /// Requests in the running set.
+    pub running: usize,
+    /// Requests waiting, never scheduled yet.
+    pub waiting_new: usize,
+    /// Requests waiting after a preemption.
+    pub waiting_preempted: usize,
+    /// KV blocks held by sequences.
+    pub kv_blocks_used: usize,
+    /// KV blocks in the cache.
+    pub kv_blocks_total: usize,
+    /// Preemptions so far.
+    pub num_preemptions_total: u64,
+    /// Prompt tokens of requests whose prefill completed (counted once per request).
+    pub prompt_tokens_total: u64,
+    /// Tokens generated.
+    pub generation_tokens_total: u64,
+    /// Tokens computed, recomputation after preemption included.
+    pub computed_tokens_total: u64,
+    /// Steps run.
+    pub steps_total: u64,
+    /// Tokens in the last step.
+    pub last_step_tokens: usize,
+}
+
+impl SchedulerStats {
+    /// Fraction of KV blocks in use.
+    pub fn kv_usage(&self) -> f64 {
+        if self.kv_blocks_total == 0 {
+            0.0
+        } else {
+            self.kv_blocks_used as f64 / self.kv_blocks_total as f64
+        }
+    }
+}
