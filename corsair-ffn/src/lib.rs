@@ -5,3 +5,31 @@
 //! executor with real numerics, the performance model, and the card service.
 //!
 //! Must not: depend on `gpu-attention`; it knows the attention node only through `proto`.
+
+pub mod assignment;
+pub mod card;
+pub mod compiler;
+pub mod error;
+pub mod executor;
+pub mod format;
+pub mod lm_head;
+pub mod numerics;
+pub mod perf;
+pub mod profile;
+pub mod program;
+pub mod reference;
+pub mod report;
+pub mod sanitizer;
+pub mod synthetic;
+pub mod weights;
+
+pub use assignment::{CardAssignment, LayerShare, PlacementOptions, Span, plan_placement};
+pub use card::{Card, CardOptions, CardStats};
+pub use compiler::{CompileOptions, Compiled, StoredFormats, compile};
+pub use error::{Error, Result};
+pub use executor::{ExecOptions, KernelChoice, Slot};
+pub use format::{FormatChoice, TileFormat};
+pub use lm_head::{LmProposal, RowSampling};
+pub use profile::HardwareProfile;
+pub use program::Program;
+pub use weights::WeightSource;

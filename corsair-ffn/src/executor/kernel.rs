@@ -1,0 +1,182 @@
+//! The tile kernel: segment partials of one weight tile against a block of tokens, straight
+//! from the tile's storage bytes (weights are decoded inside the loop, never expanded).
+//!
+//! Inputs are "pair-ordered": within each 32-element block, the 16 even elements then the 16
+//! odd ones ([`pair_order`]), so lane `l` meets element `2l` then `2l + 1`, as the numerics
+//! definition says. Both paths (portable, AVX-512) compute the same bits: the same decoded
+//! weights, fused multiply-adds in the same order, the same lane tree.
+
+use crate::format::TileFormat;
+use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES, fold_lanes};
+
+/// Which implementation runs the tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelChoice {
+    /// The widest this CPU supports.
+    #[default]
+    Auto,
+    /// Plain Rust (same bits, slower).
+    Portable,
+}
+
+/// One tile's weights as stored: every row's data, then every row's scales.
+#[derive(Debug, Clone, Copy)]
+pub struct TileView<'a> {
+    /// Storage format.
+    pub format: TileFormat,
+    /// Rows of the tile.
+    pub rows: usize,
+    /// Columns (unpadded).
+    pub cols: usize,
+    /// `rows * format.data_bytes(cols)` bytes.
+    pub data: &'a [u8],
+    /// `rows * format.scale_bytes(cols)` bytes.
+    pub scales: &'a [u8],
+}
+
+impl<'a> TileView<'a> {
+    /// A view over the tile bytes `bytes` (data then scales).
+    pub fn new(format: TileFormat, rows: usize, cols: usize, bytes: &'a [u8]) -> Self {
+        let (data, scales) = bytes.split_at(rows * format.data_bytes(cols));
+        TileView {
+            format,
+            rows,
+            cols,
+            data,
+            scales: &scales[..rows * format.scale_bytes(cols)],
+        }
+    }
+
+    /// Blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.cols.div_ceil(BLOCK)
+    }
+
+    /// Segments per row.
+    pub fn segments(&self) -> usize {
+        self.blocks().div_ceil(BLOCKS_PER_SEGMENT)
+    }
+
+    /// Decoded (even, odd) values of block `b` of row `r`.
+    #[inline(always)]
+    pub fn block(&self, r: usize, b: usize) -> ([f32; LANES], [f32; LANES]) {
+        let db = self.format.data_bytes(self.cols);
+        let row = &self.data[r * db..(r + 1) * db];
+        let scale = || {
+            let sb = self.format.scale_bytes(self.cols);
+            model::mxfp4::SCALE_LUT[self.scales[r * sb + b] as usize]
+        };
+        match self.format {
+            TileFormat::F32 => {
+                let at = b * BLOCK * 4;
+                let f = |i: usize| {
+                    f32::from_le_bytes(row[at + 4 * i..at + 4 * i + 4].try_into().unwrap_or([0; 4]))
+                };
+                (
+                    std::array::from_fn(f),
+                    std::array::from_fn(|i| f(i + LANES)),
+                )
+            }
+            TileFormat::Bf16 => {
+                let at = b * BLOCK * 2;
+                let f = |i: usize| {
+                    f32::from_bits(
+                        (u16::from_le_bytes([row[at + 2 * i], row[at + 2 * i + 1]]) as u32) << 16,
+                    )
+                };
+                (
+                    std::array::from_fn(|l| f(2 * l)),
+                    std::array::from_fn(|l| f(2 * l + 1)),
+                )
+            }
+            TileFormat::F16 => {
+                let at = b * BLOCK * 2;
+                let f = |i: usize| {
+                    half::f16::from_le_bytes([row[at + 2 * i], row[at + 2 * i + 1]]).to_f32()
+                };
+                (
+                    std::array::from_fn(|l| f(2 * l)),
+                    std::array::from_fn(|l| f(2 * l + 1)),
+                )
+            }
+            TileFormat::Mxfp4 => {
+                let s = scale();
+                let bytes = &row[b * 16..b * 16 + 16];
+                let fp4 = &model::mxfp4::FP4_VALUES;
+                (
+                    std::array::from_fn(|l| fp4[(bytes[l] & 0x0f) as usize] * s),
+                    std::array::from_fn(|l| fp4[(bytes[l] >> 4) as usize] * s),
+                )
+            }
+            TileFormat::Mxint8 => {
+                let s = scale();
+                let bytes = &row[b * BLOCK..b * BLOCK + BLOCK];
+                (
+                    std::array::from_fn(|l| bytes[l] as i8 as f32 * s),
+                    std::array::from_fn(|l| bytes[l + LANES] as i8 as f32 * s),
+                )
+            }
+        }
+    }
+}
+
+/// Writes `x` (`cols` values) pair-ordered and zero-padded to whole blocks into `out`.
+pub fn pair_order(x: &[f32], out: &mut [f32]) {
+    out.fill(0.0);
+    for (b, block) in out.chunks_exact_mut(BLOCK).enumerate() {
+        for l in 0..LANES {
+            for half in 0..2 {
+                let k = b * BLOCK + 2 * l + half;
+                if k < x.len() {
+                    block[half * LANES + l] = x[k];
+                }
+            }
+        }
+    }
+}
+
+/// Segment partials of `tile` for `tokens` pair-ordered input rows: row `t` of the input starts
+/// at `x[t * x_stride]` (at the tile's first column). `out[t * rows * segs + r * segs + s]`.
+pub fn tile_partials(
+    tile: &TileView<'_>,
+    x: &[f32],
+    x_stride: usize,
+    tokens: usize,
+    out: &mut [f32],
+    kernel: KernelChoice,
+) {
+    debug_assert!(out.len() >= tokens * tile.rows * tile.segments());
+    #[cfg(target_arch = "x86_64")]
+    if kernel == KernelChoice::Auto && super::avx512::available() {
+        // SAFETY: the CPU features were just detected; sizes are checked by the caller and
+        // re-checked (debug) above.
+        return unsafe { super::avx512::tile_partials(tile, x, x_stride, tokens, out) };
+    }
+    let _ = kernel;
+    portable(tile, x, x_stride, tokens, out)
+}
+
+fn portable(tile: &TileView<'_>, x: &[f32], x_stride: usize, tokens: usize, out: &mut [f32]) {
+    let (nb, ns) = (tile.blocks(), tile.segments());
+    for r in 0..tile.rows {
+        for s in 0..ns {
+            let blocks = s * BLOCKS_PER_SEGMENT..((s + 1) * BLOCKS_PER_SEGMENT).min(nb);
+            for t in 0..tokens {
+                let xt = &x[t * x_stride..];
+                let mut acc = [0f32; LANES];
+                for b in blocks.clone() {
+                    let (wa, wb) = tile.block(r, b);
+                    let xb = &xt[b * BLOCK..(b + 1) * BLOCK];
+                    for l in 0..LANES {
+                        acc[l] = wa[l].mul_add(xb[l], acc[l]);
+                    }
+                    for l in 0..LANES {
+                        acc[l] = wb[l].mul_add(xb[LANES + l], acc[l]);
+                    }
+                }
+                out[t * tile.rows * ns + r * ns + s] = fold_lanes(acc);
+            }
+        }
+    }
+}

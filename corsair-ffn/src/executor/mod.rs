@@ -1,0 +1,574 @@
+//! The executor: runs a program's instructions on the CPU with real numerics, on a thread pool.
+//!
+//! Weights are read from the bound memories at their program addresses, in their stored
+//! format; transient buffers live in one arena at their pool addresses. Tiles of a matmul run
+//! in parallel, each writing its own partials; reductions, activations and sums follow the
+//! numerics definition ([`crate::numerics`]), so results do not depend on the thread count.
+
+mod arena;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+pub mod kernel;
+
+use rayon::prelude::*;
+
+use crate::assignment::Span;
+use crate::error::{Error, Result};
+use crate::lm_head::{CandidateOptions, LmProposal, RowSampling, propose};
+use crate::numerics::padded;
+use crate::program::{MemoryKind, Op, OutLayout, Program, RegionId, RowCount};
+use crate::weights::BoundMemory;
+use arena::{Arena, f32s, f32s_mut};
+pub use kernel::KernelChoice;
+use kernel::{TileView, pair_order, tile_partials};
+
+/// One routing slot of a token: a local expert and its weight, or [`Slot::EMPTY`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slot {
+    /// Global expert id (`u32::MAX`: unused).
+    pub expert: u32,
+    /// Routing weight.
+    pub weight: f32,
+}
+
+impl Slot {
+    /// An unused slot.
+    pub const EMPTY: Slot = Slot {
+        expert: u32::MAX,
+        weight: 0.0,
+    };
+}
+
+/// How the executor runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExecOptions {
+    /// Worker threads; 0 uses every core.
+    pub threads: usize,
+    /// Kernel implementation.
+    pub kernel: KernelChoice,
+}
+
+/// What one call needs besides the program.
+pub(crate) struct Call<'a> {
+    pub tokens: usize,
+    pub x: &'a [f32],
+    pub slots: Option<&'a [Slot]>,
+    pub sampling: &'a [RowSampling],
+    pub candidates: CandidateOptions,
+}
+
+/// What one call produced.
+#[derive(Debug, Default)]
+pub(crate) struct Produced {
+    /// Rows sent back (layers).
+    pub sent: Vec<f32>,
+    /// Proposals (LM head).
+    pub proposals: Vec<LmProposal>,
+    /// Rows routed to each local expert.
+    pub expert_rows: Vec<usize>,
+}
+
+/// A program with its weights bound, ready to run.
+pub(crate) struct Executor {
+    pub program: Program,
+    memory: BoundMemory,
+    arena: Arena,
+    pool: rayon::ThreadPool,
+    kernel: KernelChoice,
+    /// Pair-ordered inputs of the current matmul (reused).
+    xp: Vec<f32>,
+}
+
+impl Executor {
+    pub fn new(program: Program, memory: BoundMemory, options: ExecOptions) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(options.threads)
+            .thread_name(|i| format!("corsair-exec-{i}"))
+            .build()
+            .map_err(|e| Error::Request(format!("cannot start the executor's threads: {e}")))?;
+        Ok(Executor {
+            arena: Arena::new(&program),
+            program,
+            memory,
+            pool,
+            kernel: options.kernel,
+            xp: Vec::new(),
+        })
+    }
+
+    fn words(&self, id: RegionId, offset: usize, len: usize) -> Result<arena::Words> {
+        Arena::range(&self.program, id, offset, len)
+    }
+
+    /// Bytes of a resident region (SRAM or LPDDR image), or of a pool region.
+    fn resident(&self, id: RegionId) -> Result<&[u8]> {
+        let r = self.program.region(id);
+        let image = match r.memory {
+            MemoryKind::Sram => self.memory.sram.as_bytes(),
+            MemoryKind::Lpddr => self.memory.lpddr.as_bytes(),
+        };
+        image
+            .get(r.address as usize..(r.address + r.bytes) as usize)
+            .ok_or_else(|| Error::Weights(format!("{} is not bound", r.name)))
+    }
+
+    /// Runs the instructions of `span` for one call.
+    pub fn run(&mut self, span: Span, call: &Call<'_>) -> Result<Produced> {
+        let mut out = Produced::default();
+        let n = call.tokens;
+        for i in span.start..span.end {
+            let op = self.program.instructions[i].clone();
+            let rows_of = |r: RowCount, produced: &Produced| match r {
+                RowCount::Tokens => n,
+                RowCount::Expert(e) => produced.expert_rows.get(e as usize).copied().unwrap_or(0),
+            };
+            match op {
+                Op::Receive { x, slots } => self.receive(x, slots, call)?,
+                Op::Gather {
+                    local,
+                    expert,
+                    slots,
+                    x,
+                    rows,
+                    map,
+                } => {
+                    let count = self.gather(expert, slots, x, rows, map, call)?;
+                    let local = local as usize;
+                    if out.expert_rows.len() <= local {
+                        out.expert_rows.resize(local + 1, 0);
+                    }
+                    out.expert_rows[local] = count;
+                }
+                Op::Stream {
+                    matrix,
+                    tiles,
+                    staging,
+                    offsets,
+                } => {
+                    let m = &self.program.matrices[matrix as usize];
+                    if let Some(Op::MatMul { rows, .. }) = self.program.instructions.get(i + 1)
+                        && rows_of(*rows, &out) == 0
+                    {
+                        continue;
+                    }
+                    let copies: Vec<(RegionId, u64)> = tiles
+                        .iter()
+                        .zip(&offsets)
+                        .map(|(&t, &o)| (m.tiles[t as usize].region, o))
+                        .collect();
+                    for (src, off) in copies {
+                        let bytes = self.resident(src)?.to_vec();
+                        let w = self.words(staging, off as usize / 4, bytes.len().div_ceil(4))?;
+                        let ([], [dst]) = self.arena.split([], [w])?;
+                        bytemuck::cast_slice_mut::<u32, u8>(dst)[..bytes.len()]
+                            .copy_from_slice(&bytes);
+                    }
+                }
+                Op::MatMul { .. } => {
+                    if let Op::MatMul { rows, .. } = &op {
+                        let r = rows_of(*rows, &out);
+                        if r > 0 {
+                            self.matmul(i, r)?;
+                        }
+                    }
+                }
+                Op::Reduce {
+                    matmul,
+                    out: dst,
+                    layout,
+                } => {
+                    let Some(Op::MatMul { rows, .. }) =
+                        self.program.instructions.get(matmul as usize)
+                    else {
+                        return Err(Error::Request(format!(
+                            "instruction {i} reduces a non-matmul"
+                        )));
+                    };
+                    let r = rows_of(*rows, &out);
+                    if r > 0 {
+                        self.reduce(matmul as usize, dst, layout, r)?;
+                    }
+                }
+                Op::Activate {
+                    rows,
+                    gate_up,
+                    out: dst,
+                    width,
+                    activation,
+                } => {
+                    let r = rows_of(rows, &out);
+                    let w = width as usize;
+                    let (src, d) = (
+                        self.words(gate_up, 0, r * 2 * w)?,
+                        self.words(dst, 0, r * w)?,
+                    );
+                    let ([src], [d]) = self.arena.split([src], [d])?;
+                    let act = activation.into();
+                    let (src, d) = (f32s(src), f32s_mut(d));
+                    self.pool.install(|| {
+                        d.par_chunks_mut(w.max(1))
+                            .zip(src.par_chunks(2 * w.max(1)))
+                            .for_each(|(d, s)| {
+                                for (i, o) in d.iter_mut().enumerate() {
+                                    *o = model::forward::moe::activate(act, s[i], s[w + i]);
+                                }
+                            })
+                    });
+                }
+                Op::Scale { rows, values, map } => {
+                    let r = rows_of(rows, &out);
+                    let h = self.program.hidden;
+                    let (m, v) = (self.words(map, 0, 2 * r)?, self.words(values, 0, r * h)?);
+                    let ([m], [v]) = self.arena.split([m], [v])?;
+                    for (row, vals) in f32s_mut(v).chunks_exact_mut(h).enumerate() {
+                        let w = f32::from_bits(m[2 * row + 1]);
+                        for x in vals {
+                            *x *= w;
+                        }
+                    }
+                }
+                Op::SumSlots {
+                    slots,
+                    experts,
+                    out: dst,
+                } => self.sum_slots(slots, &experts, dst, call)?,
+                Op::Fill { region } => {
+                    let len = (self.program.region(region).bytes / 4) as usize;
+                    let w = self.words(region, 0, len)?;
+                    let ([], [d]) = self.arena.split([], [w])?;
+                    d.fill(0);
+                }
+                Op::Send { src } => {
+                    if self
+                        .program
+                        .lm_head
+                        .as_ref()
+                        .is_none_or(|l| !(l.instructions.start..l.instructions.end).contains(&i))
+                    {
+                        let w = self.words(src, 0, n * self.program.hidden)?;
+                        out.sent = f32s(self.arena.get(w)?).to_vec();
+                    }
+                }
+                Op::Propose { logits, out: dst } => {
+                    out.proposals = self.propose(logits, dst, call)?
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn receive(&mut self, x: RegionId, slots: Option<RegionId>, call: &Call<'_>) -> Result<()> {
+        let n = call.tokens;
+        let h = self.program.hidden;
+        let xw = self.words(x, 0, n * h)?;
+        let ([], [d]) = self.arena.split([], [xw])?;
+        f32s_mut(d).copy_from_slice(call.x);
+        if let (Some(s), Some(given)) = (slots, call.slots) {
+            let sw = self.words(s, 0, 2 * given.len())?;
+            let ([], [d]) = self.arena.split([], [sw])?;
+            for (pair, slot) in d.chunks_exact_mut(2).zip(given) {
+                pair[0] = slot.expert;
+                pair[1] = slot.weight.to_bits();
+            }
+        }
+        Ok(())
+    }
+
+    fn gather(
+        &mut self,
+        expert: u32,
+        slots: RegionId,
+        x: RegionId,
+        rows: RegionId,
+        map: RegionId,
+        call: &Call<'_>,
+    ) -> Result<usize> {
+        let (n, h, k) = (call.tokens, self.program.hidden, self.program.top_k);
+        let count = call
+            .slots
+            .map_or(0, |s| s.iter().filter(|s| s.expert == expert).count());
+        let ranges = (
+            self.words(slots, 0, 2 * n * k)?,
+            self.words(x, 0, n * h)?,
+            self.words(rows, 0, count * h)?,
+            self.words(map, 0, 2 * count)?,
+        );
+        let ([s, xs], [dst, mp]) = self
+            .arena
+            .split([ranges.0, ranges.1], [ranges.2, ranges.3])?;
+        let (xs, dst) = (f32s(xs), f32s_mut(dst));
+        let mut r = 0;
+        for t in 0..n {
+            for j in 0..k {
+                let e = s[2 * (t * k + j)];
+                if e == expert {
+                    dst[r * h..(r + 1) * h].copy_from_slice(&xs[t * h..(t + 1) * h]);
+                    mp[2 * r] = t as u32;
+                    mp[2 * r + 1] = s[2 * (t * k + j) + 1];
+                    r += 1;
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    fn matmul(&mut self, i: usize, r: usize) -> Result<()> {
+        let Op::MatMul {
+            matrix,
+            input,
+            partials,
+            tiles,
+            ..
+        } = &self.program.instructions[i]
+        else {
+            return Err(Error::Request(format!("instruction {i} is not a matmul")));
+        };
+        let m = &self.program.matrices[*matrix as usize];
+        let (k, kp) = (m.cols, padded(m.cols));
+        // Pair-ordered inputs, one row per token.
+        let xw = Arena::range(&self.program, *input, 0, r * k)?;
+        let x = f32s(self.arena.get(xw)?);
+        self.xp.resize(r * kp, 0.0);
+        for (src, dst) in x.chunks_exact(k).zip(self.xp.chunks_exact_mut(kp)) {
+            pair_order(src, dst);
+        }
+        // Each tile's weights (resident, or in a staging buffer) and its partials chunk.
+        let max = self.program.max_tokens;
+        let total = (self.program.region(*partials).bytes / 4) as usize;
+        let pw = Arena::range(&self.program, *partials, 0, total)?;
+        let staging: Option<RegionId> = tiles
+            .iter()
+            .map(|t| t.weights)
+            .find(|&w| !self.program.region(w).kind.is_resident());
+        let sw = match staging {
+            Some(s) => Arena::range(
+                &self.program,
+                s,
+                0,
+                (self.program.region(s).bytes / 4) as usize,
+            )?,
+            None => 0..0,
+        };
+        let ([staged], [part]) = self.arena.split([sw], [pw])?;
+        let staged: &[u8] = bytemuck::cast_slice(staged);
+        let mut jobs = Vec::with_capacity(tiles.len());
+        let mut rest = f32s_mut(part);
+        let mut at = 0usize;
+        for run in tiles {
+            let t = &m.tiles[run.tile as usize];
+            let cols = m.columns(t.segments);
+            let bytes = m.tile_bytes(t) as usize;
+            let w: &[u8] = if Some(run.weights) == staging {
+                staged.get(run.weights_offset as usize..run.weights_offset as usize + bytes)
+            } else {
+                let r = self.program.region(run.weights);
+                let image = match r.memory {
+                    MemoryKind::Sram => self.memory.sram.as_bytes(),
+                    MemoryKind::Lpddr => self.memory.lpddr.as_bytes(),
+                };
+                image.get(
+                    r.address as usize + run.weights_offset as usize
+                        ..r.address as usize + run.weights_offset as usize + bytes,
+                )
+            }
+            .ok_or_else(|| Error::Weights(format!("{}: tile {} is not bound", m.name, run.tile)))?;
+            let off = run.partial_offset as usize / 4;
+            let len = max * t.rows.len() * t.segments.len();
+            if off < at {
+                return Err(Error::Request(format!("{}: tile partials overlap", m.name)));
+            }
+            let (_, tail) = rest.split_at_mut(off - at);
+            let (chunk, tail) = tail.split_at_mut(len);
+            rest = tail;
+            at = off + len;
+            jobs.push((
+                TileView::new(m.format, t.rows.len(), cols.len(), w),
+                cols.start,
+                chunk,
+            ));
+        }
+        let (xp, kernel) = (&self.xp, self.kernel);
+        self.pool.install(|| {
+            jobs.into_par_iter().for_each(|(view, c0, chunk)| {
+                tile_partials(&view, &xp[c0..], kp, r, chunk, kernel)
+            });
+        });
+        Ok(())
+    }
+
+    fn reduce(&mut self, matmul: usize, dst: RegionId, layout: OutLayout, r: usize) -> Result<()> {
+        let Op::MatMul {
+            matrix,
+            partials,
+            tiles,
+            ..
+        } = &self.program.instructions[matmul]
+        else {
+            return Err(Error::Request(format!(
+                "instruction {matmul} is not a matmul"
+            )));
+        };
+        let m = &self.program.matrices[*matrix as usize];
+        let max = self.program.max_tokens;
+        let bias: Option<Vec<f32>> = match m.bias {
+            Some(b) => Some(
+                self.resident(b)?
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            None => None,
+        };
+        let total = (self.program.region(*partials).bytes / 4) as usize;
+        let pw = Arena::range(&self.program, *partials, 0, total)?;
+        let out_len = (self.program.region(dst).bytes / 4) as usize;
+        let ow = Arena::range(&self.program, dst, 0, out_len)?;
+        let ([part], [out]) = self.arena.split([pw], [ow])?;
+        let (part, out) = (f32s(part), f32s_mut(out));
+        // Tiles are emitted row band by row band, segments ascending within a band.
+        let mut k = 0;
+        while k < tiles.len() {
+            let band = m.tiles[tiles[k].tile as usize].rows;
+            let mut end = k;
+            while end < tiles.len() && m.tiles[tiles[end].tile as usize].rows == band {
+                end += 1;
+            }
+            for t in 0..r {
+                for row in band.start..band.end {
+                    let mut y = 0f32;
+                    let mut first = true;
+                    for run in &tiles[k..end] {
+                        let tile = &m.tiles[run.tile as usize];
+                        let ns = tile.segments.len();
+                        let base = run.partial_offset as usize / 4
+                            + t * band.len() * ns
+                            + (row - band.start) * ns;
+                        for &q in &part[base..base + ns] {
+                            y = if first { q } else { y + q };
+                            first = false;
+                        }
+                    }
+                    if let Some(b) = &bias {
+                        y += b[row];
+                    }
+                    match layout {
+                        OutLayout::TokenMajor => out[t * m.rows + row] = y,
+                        OutLayout::RowMajor => out[row * max + t] = y,
+                    }
+                }
+            }
+            k = end;
+        }
+        Ok(())
+    }
+
+    fn sum_slots(
+        &mut self,
+        slots: RegionId,
+        experts: &[(u32, RegionId, RegionId)],
+        dst: RegionId,
+        call: &Call<'_>,
+    ) -> Result<()> {
+        let (n, h, k) = (call.tokens, self.program.hidden, self.program.top_k);
+        let sw = self.words(slots, 0, 2 * n * k)?;
+        let ow = self.words(dst, 0, n * h)?;
+        let s = self.arena.get(sw)?.to_vec();
+        // Each local expert's scaled rows, as many as its slots in this call.
+        let mut values = Vec::with_capacity(experts.len());
+        for &(id, _, v) in experts {
+            let rows = s.chunks_exact(2).filter(|p| p[0] == id).count();
+            let w = self.words(v, 0, rows * h)?;
+            values.push(f32s(self.arena.get(w)?).to_vec());
+        }
+        let ([], [out]) = self.arena.split([], [ow])?;
+        let out = f32s_mut(out);
+        out.fill(0.0);
+        let mut cursor = vec![0usize; experts.len()];
+        for t in 0..n {
+            let acc = &mut out[t * h..(t + 1) * h];
+            for j in 0..k {
+                let e = s[2 * (t * k + j)];
+                if e == Slot::EMPTY.expert {
+                    continue;
+                }
+                let Some(local) = experts.iter().position(|x| x.0 == e) else {
+                    return Err(Error::Request(format!(
+                        "token {t} slot {j} names expert {e}, which this card does not hold in this layer"
+                    )));
+                };
+                let row = cursor[local];
+                cursor[local] += 1;
+                for (a, v) in acc.iter_mut().zip(&values[local][row * h..(row + 1) * h]) {
+                    *a += v;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn propose(
+        &mut self,
+        logits: RegionId,
+        dst: RegionId,
+        call: &Call<'_>,
+    ) -> Result<Vec<LmProposal>> {
+        let lm = self
+            .program
+            .lm_head
+            .clone()
+            .ok_or_else(|| Error::Request("this card holds no LM-head rows".into()))?;
+        let (n, max, rows) = (call.tokens, self.program.max_tokens, lm.rows.len());
+        let lw = self.words(logits, 0, rows * max)?;
+        let all = f32s(self.arena.get(lw)?);
+        let proposals: Vec<LmProposal> = self.pool.install(|| {
+            (0..n)
+                .into_par_iter()
+                .map(|t| {
+                    let row: Vec<f32> = (0..rows).map(|v| all[v * max + t]).collect();
+                    propose(
+                        &row,
+                        lm.rows.start as u32,
+                        &call.sampling[t],
+                        &call.candidates,
+                    )
+                })
+                .collect()
+        });
+        // The proposal buffer (what goes on the wire): per token, the first candidates that fit.
+        let per = (self.program.region(dst).bytes as usize / 4) / max;
+        let ow = self.words(dst, 0, n * per)?;
+        let ([], [out]) = self.arena.split([], [ow])?;
+        out.fill(0);
+        for (p, words) in proposals.iter().zip(out.chunks_exact_mut(per)) {
+            let fixed = (crate::compiler::PROPOSAL_FIXED_BYTES / 4) as usize;
+            let (head, cands) = words.split_at_mut(fixed);
+            head[..2].copy_from_slice(bytemuck::cast_slice(&[p.log_sum_exp]));
+            head[2..4].copy_from_slice(bytemuck::cast_slice(&[p
+                .scaled_log_sum_exp
+                .unwrap_or(f64::NAN)]));
+            if let Some(g) = p.gumbel {
+                head[4] = g.token;
+                head[6..8].copy_from_slice(bytemuck::cast_slice(&[g.score]));
+            }
+            for (c, pair) in p.candidates.iter().zip(cands.chunks_exact_mut(2)) {
+                pair[0] = c.logit.to_bits();
+                pair[1] = c.token;
+            }
+        }
+        Ok(proposals)
+    }
+
+    /// The shard's logits `[n, rows]` of the last LM-head call (the full-logits fallback).
+    pub fn logits(&self, n: usize) -> Result<Vec<f32>> {
+        let lm = self
+            .program
+            .lm_head
+            .as_ref()
+            .ok_or_else(|| Error::Request("this card holds no LM-head rows".into()))?;
+        let (max, rows) = (self.program.max_tokens, lm.rows.len());
+        let all = f32s(self.arena.get(self.words(lm.logits, 0, rows * max)?)?);
+        Ok((0..n)
+            .flat_map(|t| (0..rows).map(move |v| all[v * max + t]))
+            .collect())
+    }
+}

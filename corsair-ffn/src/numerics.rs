@@ -1,0 +1,121 @@
+//! The card's numerics definition: what every kernel path, every tiling and the software model
+//! must compute, bit for bit.
+//!
+//! A weight row `w` (decoded exactly from its block format) and an input row `x` of length `K`:
+//!
+//! 1. `K` is cut into **segments** of [`SEGMENT`] = 512 elements from `k = 0` (the last one may be
+//!    shorter). Tiles may split `K` only at segment boundaries.
+//! 2. Each segment is reduced on its own with 16 f32 lane accumulators, all starting at `+0.0`.
+//!    The segment's 32-element **blocks** are visited in order; within block `b` starting at `k0`,
+//!    lane `l` first takes element `k0 + 2l`, then element `k0 + 2l + 1` (elements at or past `K`
+//!    are skipped), each as `acc[l] = fma(w[k], x[k], acc[l])` (one rounding).
+//! 3. The lanes are folded by a fixed halving tree: for width 8, 4, 2, 1: `acc[l] += acc[l + width]`.
+//!    `acc[0]` is the segment's partial `q_s`.
+//! 4. The output is `((q_0 + q_1) + q_2) + ...` in segment order, then `+ bias` when there is one.
+//!
+//! Nothing here depends on how rows or segments are spread over tiles, cores, threads or cards, or
+//! on the other tokens in the batch, so every such arrangement gives the same bits. Decoded weights
+//! are exact (bf16, f16, MXFP4 and MXINT8 values are all representable in f32), so the definition
+//! is the dequantized math with this one summation order. Lane pairing (even, odd) matches how
+//! MXFP4 nibbles and bf16 pairs sit in memory, which keeps the fast kernels cheap.
+//!
+//! Element-wise steps use the model crate's functions unchanged (`activate`), and combining
+//! experts is `out[t] = ((+0.0 + w_0 y_0) + w_1 y_1) + ...` over the token's local slots in slot
+//! order, each product rounded before the add, as the reference forward does.
+
+/// Elements per MX block (and per pairing unit of the lanes).
+pub const BLOCK: usize = 32;
+/// Elements per segment: the unit of splitting the reduction dimension.
+pub const SEGMENT: usize = 512;
+/// Lane accumulators per segment.
+pub const LANES: usize = 16;
+/// Blocks per segment.
+pub const BLOCKS_PER_SEGMENT: usize = SEGMENT / BLOCK;
+
+/// Segments of a reduction of length `k`.
+pub fn segments(k: usize) -> usize {
+    k.div_ceil(SEGMENT)
+}
+
+/// `k` rounded up to whole blocks (the stored, zero-padded length).
+pub fn padded(k: usize) -> usize {
+    k.div_ceil(BLOCK) * BLOCK
+}
+
+/// The fixed halving tree over the lane accumulators.
+#[inline(always)]
+pub fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+        width /= 2;
+    }
+    acc[0]
+}
+
+/// Segment partial `q_s` of `w . x` over elements `[start, end)` (a segment or its tail),
+/// written straight from the definition.
+pub fn segment_partial(w: &[f32], x: &[f32], start: usize, end: usize) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut k0 = start;
+    while k0 < end {
+        for half in 0..2 {
+            for (l, a) in acc.iter_mut().enumerate() {
+                let k = k0 + 2 * l + half;
+                if k < end {
+                    *a = w[k].mul_add(x[k], *a);
+                }
+            }
+        }
+        k0 += BLOCK;
+    }
+    fold_lanes(acc)
+}
+
+/// The canonical dot product of the definition (no bias).
+pub fn dot(w: &[f32], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot: lengths differ");
+    let k = w.len();
+    let mut y = 0f32;
+    for s in 0..segments(k) {
+        let q = segment_partial(w, x, s * SEGMENT, ((s + 1) * SEGMENT).min(k));
+        y = if s == 0 { q } else { y + q };
+    }
+    y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_of_small_integers_is_exact() {
+        let w: Vec<f32> = (0..1100).map(|i| (i % 7) as f32 - 3.0).collect();
+        let x: Vec<f32> = (0..1100).map(|i| (i % 5) as f32 - 2.0).collect();
+        let exact: f32 = w.iter().zip(&x).map(|(a, b)| a * b).sum();
+        assert_eq!(dot(&w, &x), exact);
+    }
+
+    #[test]
+    fn lanes_pair_even_and_odd_elements_then_fold_by_halves() {
+        // w[0] = 2^24 swallows the ones added to lane 0 (ulp 2), the other lanes keep theirs:
+        // lane 0 = 2^24, lanes 1..15 = 4 each; the halving tree adds 4 + 8 + 16 + 32.
+        let mut w = vec![1f32; 64];
+        w[0] = 16_777_216.0;
+        let x = vec![1f32; 64];
+        assert_eq!(dot(&w, &x), 16_777_216.0 + 60.0);
+        let sequential = w.iter().fold(0f32, |s, v| s + v);
+        assert_eq!(sequential, 16_777_216.0);
+    }
+
+    #[test]
+    fn segment_counts() {
+        assert_eq!(segments(1), 1);
+        assert_eq!(segments(512), 1);
+        assert_eq!(segments(2880), 6);
+        assert_eq!(padded(40), 64);
+        assert_eq!(padded(64), 64);
+    }
+}

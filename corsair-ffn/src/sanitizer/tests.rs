@@ -1,0 +1,245 @@
+//! Each kind of bug injected into a valid program is caught and named.
+
+use super::*;
+use crate::assignment::{PlacementOptions, plan_placement};
+use crate::compiler::{CompileOptions, StoredFormats, compile};
+use crate::format::TileFormat;
+use crate::profile::HardwareProfile;
+use crate::program::{Program, RegionKind};
+use crate::synthetic::tiny_config;
+use model::config::FfnKind;
+
+fn valid() -> Program {
+    let cfg = tiny_config(4, 2, 96, 64, &[FfnKind::Moe, FfnKind::Dense, FfnKind::Moe]);
+    let plan = plan_placement(
+        &cfg,
+        &PlacementOptions {
+            cards: 2,
+            replicas: vec![],
+        },
+    )
+    .unwrap();
+    let tiling = crate::compiler::TilingOptions {
+        rows_per_tile: Some(16),
+        segments_per_tile: None,
+    };
+    let options = CompileOptions {
+        max_tokens: 4,
+        tiling,
+        ..CompileOptions::default()
+    };
+    let c = compile(
+        &cfg,
+        &StoredFormats::uniform(TileFormat::Bf16),
+        &plan[0],
+        &options,
+        &HardwareProfile::default(),
+    )
+    .unwrap();
+    assert!(c.sanitizer.is_clean());
+    c.program
+}
+
+fn region(p: &Program, name: &str) -> RegionId {
+    p.regions
+        .iter()
+        .position(|r| r.name == name)
+        .unwrap_or_else(|| panic!("no region {name}")) as RegionId
+}
+
+fn op_index(p: &Program, f: impl Fn(&Op) -> bool) -> usize {
+    p.instructions.iter().position(f).unwrap()
+}
+
+fn kinds(p: &Program) -> Vec<FindingKind> {
+    sanitize(p).findings.iter().map(|f| f.kind).collect()
+}
+
+#[track_caller]
+fn assert_caught(p: &Program, kind: FindingKind) {
+    let report = sanitize(p);
+    assert!(
+        report.findings.iter().any(|f| f.kind == kind),
+        "expected {kind:?}, got {:#?}",
+        report.findings
+    );
+    // Every finding names what it is about.
+    assert!(report.findings.iter().all(|f| !f.to_string().is_empty()));
+}
+
+#[test]
+fn a_valid_program_is_clean_and_fully_checked() {
+    let p = valid();
+    let r = sanitize(&p);
+    assert!(r.is_clean(), "{:#?}", r.findings);
+    assert_eq!(r.instructions, p.instructions.len());
+    assert!(r.accesses > p.instructions.len());
+}
+
+#[test]
+fn two_tiles_writing_the_same_partials_conflict() {
+    let mut p = valid();
+    let i = op_index(
+        &p,
+        |op| matches!(op, Op::MatMul { tiles, .. } if tiles.len() > 1),
+    );
+    if let Op::MatMul { tiles, .. } = &mut p.instructions[i] {
+        tiles[1].partial_offset = tiles[0].partial_offset;
+    }
+    assert_caught(&p, FindingKind::ConflictingWrite);
+}
+
+#[test]
+fn overwriting_unread_results_conflicts() {
+    let mut p = valid();
+    // Replace the first Scale (which reads the expert's output) with a fill of that output:
+    // the reduce's result is overwritten before anyone read it.
+    let i = op_index(&p, |op| matches!(op, Op::Scale { .. }));
+    let Op::Scale { values, .. } = p.instructions[i] else {
+        unreachable!()
+    };
+    p.instructions[i] = Op::Fill { region: values };
+    assert_caught(&p, FindingKind::ConflictingWrite);
+}
+
+#[test]
+fn writing_resident_weights_conflicts() {
+    let mut p = valid();
+    let tile = p.matrices[0].tiles[0].region;
+    let i = op_index(&p, |op| matches!(op, Op::Scale { .. }));
+    if let Op::Scale { values, .. } = &mut p.instructions[i] {
+        *values = tile;
+    }
+    assert_caught(&p, FindingKind::ConflictingWrite);
+}
+
+#[test]
+fn reading_before_the_producer_runs_is_caught() {
+    let mut p = valid();
+    // Swap the activation with the down-projection matmul that reads its output.
+    let i = op_index(&p, |op| matches!(op, Op::Activate { .. }));
+    p.instructions.swap(i, i + 1);
+    // The swapped matmul's reduce must still name it.
+    if let Op::Reduce { matmul, .. } = &mut p.instructions[i + 2] {
+        *matmul = i as u32;
+    }
+    assert_caught(&p, FindingKind::UninitializedRead);
+}
+
+#[test]
+fn a_removed_producer_is_missing() {
+    let mut p = valid();
+    let i = op_index(&p, |op| matches!(op, Op::Gather { .. }));
+    let Op::Gather { map, .. } = p.instructions[i] else {
+        unreachable!()
+    };
+    p.instructions[i] = Op::Fill { region: map };
+    assert_caught(&p, FindingKind::MissingProducer);
+}
+
+#[test]
+fn a_dropped_tile_leaves_an_incomplete_producer() {
+    let mut p = valid();
+    let i = op_index(
+        &p,
+        |op| matches!(op, Op::MatMul { tiles, .. } if tiles.len() > 1),
+    );
+    if let Op::MatMul { tiles, .. } = &mut p.instructions[i] {
+        tiles.remove(0);
+    }
+    assert_caught(&p, FindingKind::IncompleteProducer);
+}
+
+#[test]
+fn a_short_producer_is_incomplete() {
+    let mut p = valid();
+    // The layer-0 output is produced for fewer bytes than Send reads: shrink SumSlots' view by
+    // pointing it at a smaller region of the same layer is not possible, so grow the output
+    // region instead: Send reads all of it, SumSlots writes only the rows.
+    let out = region(&p, "L0.out");
+    p.regions[out as usize].bytes += 64;
+    assert_caught(&p, FindingKind::IncompleteProducer);
+}
+
+#[test]
+fn overlapping_live_buffers_are_caught() {
+    let mut p = valid();
+    let a = region(&p, "L0.e0.gate_up_out");
+    let b = region(&p, "L0.e0.act");
+    let addr = p.regions[a as usize].address;
+    p.regions[b as usize].address = addr;
+    p.regions[b as usize].location = p.profile.locate(addr);
+    assert_caught(&p, FindingKind::LiveOverlap);
+}
+
+#[test]
+fn an_access_outside_the_declared_lifetime_is_caught() {
+    let mut p = valid();
+    let r = region(&p, "L0.x");
+    p.regions[r as usize].lifetime = Lifetime::Transient { first: 0, last: 0 };
+    assert_caught(&p, FindingKind::OutsideLifetime);
+}
+
+#[test]
+fn regions_past_the_end_of_sram_overflow() {
+    let mut p = valid();
+    let tile = p.matrices[0].tiles[0].region as usize;
+    let addr = p.profile.memory.sram_bytes - 16;
+    p.regions[tile].address = addr;
+    p.regions[tile].location = p.profile.locate(addr);
+    assert_caught(&p, FindingKind::CapacityOverflow);
+}
+
+#[test]
+fn a_tile_across_two_cores_overflows() {
+    let mut p = valid();
+    let tile = p.matrices[0].tiles[0].region as usize;
+    let addr = p.profile.core_bytes() * 5 - 64;
+    p.regions[tile].address = addr;
+    p.regions[tile].location = p.profile.locate(addr);
+    assert_caught(&p, FindingKind::CapacityOverflow);
+}
+
+#[test]
+fn reads_past_a_region_are_out_of_bounds() {
+    let mut p = valid();
+    let x = region(&p, "L0.x");
+    p.regions[x as usize].bytes = 4;
+    assert_caught(&p, FindingKind::OutOfBounds);
+}
+
+#[test]
+fn a_wrong_placement_record_is_out_of_bounds() {
+    let mut p = valid();
+    let tile = p.matrices[0].tiles[0].region as usize;
+    if let Some(loc) = &mut p.regions[tile].location {
+        loc.core = 999;
+    }
+    assert_caught(&p, FindingKind::OutOfBounds);
+}
+
+#[test]
+fn unknown_regions_are_out_of_bounds() {
+    let mut p = valid();
+    let i = op_index(&p, |op| matches!(op, Op::Send { .. }));
+    p.instructions[i] = Op::Send { src: 1_000_000 };
+    assert_caught(&p, FindingKind::OutOfBounds);
+}
+
+#[test]
+fn weights_never_share_memory_with_the_pool() {
+    let p = valid();
+    let pool = p
+        .regions
+        .iter()
+        .filter(|r| r.kind == RegionKind::Partial)
+        .map(|r| r.address)
+        .min()
+        .unwrap();
+    assert!(pool >= p.pool_base);
+    let mut q = p.clone();
+    let tile = q.matrices[0].tiles[0].region as usize;
+    q.regions[tile].address = pool;
+    q.regions[tile].location = q.profile.locate(pool);
+    assert!(kinds(&q).contains(&FindingKind::LiveOverlap));
+}
