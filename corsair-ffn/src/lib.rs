@@ -20,6 +20,7 @@ pub mod program;
 pub mod reference;
 pub mod report;
 pub mod sanitizer;
+pub mod service;
 pub mod synthetic;
 pub mod weights;
 

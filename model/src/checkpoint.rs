@@ -346,6 +346,27 @@ impl Checkpoint {
         Ok(tensor)
     }
 
+    /// A fingerprint of the checkpoint: a hash of config.json and of every tensor's name, dtype
+    /// and shape (not of the data, which would mean reading every byte). Two nodes that should
+    /// hold the same model compare fingerprints to refuse a mismatch early.
+    pub fn fingerprint(&self) -> Result<String> {
+        let config_path = self.dir.join("config.json");
+        let config = std::fs::read(&config_path).map_err(|e| Error::io(&config_path, e))?;
+        let mut h: u64 = 0xcbf29ce484222325;
+        let mut feed = |bytes: &[u8]| {
+            for &b in bytes {
+                h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+            }
+        };
+        feed(&config);
+        for name in self.names() {
+            let e = &self.entries[name];
+            feed(name.as_bytes());
+            feed(format!("{}{:?}", e.dtype, e.shape).as_bytes());
+        }
+        Ok(format!("{h:016x}"))
+    }
+
     /// The first of `names` that exists (checkpoints of one family spell some tensors
     /// differently), or an error naming the first.
     pub fn get_any(&self, names: &[String]) -> Result<StoredTensor> {

@@ -1,0 +1,438 @@
+//! The card service: a [`CardHost`] loads a shard when an attention node asks (control plane),
+//! then serves that node's per-layer messages from a JetStream inbox (data plane) on a worker
+//! thread, writing partial sums and LM-head proposals straight back into the node's region.
+//!
+//! The host is transport-agnostic (QUIC or in-process) and has no gRPC in it; [`grpc`] wraps it
+//! as the tonic `Card` service for multi-process deployments, and embedded deployments call it
+//! directly.
+
+pub mod grpc;
+mod worker;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use jetstream::{InprocTransport, QuicTransport, RegionConfig, Transport};
+use model::checkpoint::Checkpoint;
+use model::weights::LoadOptions;
+use model::{ModelConfig, ModelWeights};
+use proto::control::{HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor};
+use proto::data::WireDtype;
+
+use crate::assignment::CardAssignment;
+use crate::card::{Card, CardOptions};
+use crate::compiler::{CompileOptions, StoredFormats, compile};
+use crate::executor::ExecOptions;
+use crate::format::FormatChoice;
+use crate::lm_head::CandidateOptions;
+use crate::profile::HardwareProfile;
+
+/// Why a card refused or failed a control-plane request.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The request is for another card, another model or another shard.
+    #[error("{0}")]
+    Refused(String),
+    /// The request is malformed.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// Compiling or loading failed.
+    #[error(transparent)]
+    Card(#[from] crate::Error),
+    /// The data plane failed.
+    #[error("data plane: {0}")]
+    Transport(#[from] jetstream::Error),
+}
+
+/// How a card host is set up.
+#[derive(Debug, Clone)]
+pub struct CardHostConfig {
+    /// This card's index (`--id`).
+    pub index: usize,
+    /// The only checkpoint this card will load, when given (`--model`); otherwise the one the
+    /// first attention node names.
+    pub model: Option<PathBuf>,
+    /// The card's hardware profile.
+    pub profile: HardwareProfile,
+    /// Executor threads and kernel.
+    pub exec: ExecOptions,
+}
+
+/// The card's data plane: QUIC, or the in-process twin.
+#[derive(Debug, Clone)]
+pub enum DataPlane {
+    /// JetStream over QUIC.
+    Quic(Arc<QuicTransport>),
+    /// JetStream over in-process channels.
+    Inproc(Arc<InprocTransport>),
+}
+
+impl DataPlane {
+    /// The transport behind the common trait.
+    pub fn transport(&self) -> Arc<dyn Transport> {
+        match self {
+            DataPlane::Quic(q) => q.clone(),
+            DataPlane::Inproc(i) => i.clone(),
+        }
+    }
+}
+
+/// What a loaded shard shares between its workers.
+pub(crate) struct Shard {
+    pub card: Mutex<Card>,
+    pub fingerprint: String,
+    pub assignment_json: String,
+    pub weight_format: String,
+    pub wire_dtype: WireDtype,
+    pub messages: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub compute_seconds: Mutex<f64>,
+    pub summary: String,
+}
+
+/// One simulated card process (or thread): its transport, its shard, its workers.
+pub struct CardHost {
+    config: CardHostConfig,
+    plane: DataPlane,
+    transport: Arc<dyn Transport>,
+    runtime: tokio::runtime::Handle,
+    shard: Mutex<Option<Arc<Shard>>>,
+    workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for CardHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CardHost")
+            .field("index", &self.config.index)
+            .finish()
+    }
+}
+
+/// The fingerprint of the checkpoint in `dir`.
+pub fn model_fingerprint(dir: &Path) -> Result<String, ServiceError> {
+    Ok(Checkpoint::open(dir)
+        .map_err(crate::Error::from)?
+        .fingerprint()
+        .map_err(crate::Error::from)?)
+}
+
+impl CardHost {
+    /// A host for card `config.index`, writing and receiving over `transport` (whose async
+    /// parts run on `runtime`).
+    pub fn new(config: CardHostConfig, plane: DataPlane, runtime: tokio::runtime::Handle) -> Self {
+        CardHost {
+            config,
+            transport: plane.transport(),
+            plane,
+            runtime,
+            shard: Mutex::new(None),
+            workers: Mutex::new(Vec::new()),
+            stop: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The card's JetStream node name.
+    pub fn node(&self) -> &str {
+        self.transport.node()
+    }
+
+    fn loaded(&self) -> Option<Arc<Shard>> {
+        self.shard.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Loads this card's shard (or attaches another attention node to the loaded one) and
+    /// starts serving that node's inbox. Blocks while compiling and loading.
+    pub fn load_shard(&self, req: &LoadShardRequest) -> Result<LoadShardReply, ServiceError> {
+        let me = self.config.index;
+        if req.card_index as usize != me {
+            return Err(ServiceError::Refused(format!(
+                "this is card {me}, but the request is for card {} of {}: check the order of --cards",
+                req.card_index, req.num_cards
+            )));
+        }
+        let model_dir = PathBuf::from(&req.model_path);
+        if let Some(mine) = &self.config.model {
+            let ours = model_fingerprint(mine)?;
+            if ours != req.model_fingerprint {
+                return Err(ServiceError::Refused(format!(
+                    "card {me} serves the model in {} (fingerprint {ours}), but the attention node runs \
+                     a different model (fingerprint {}); start every role with the same checkpoint",
+                    mine.display(),
+                    req.model_fingerprint
+                )));
+            }
+        }
+        let wire_dtype: WireDtype = req.wire_dtype.parse().map_err(ServiceError::Invalid)?;
+        let shard = {
+            let mut slot = self.shard.lock().unwrap_or_else(|p| p.into_inner());
+            match slot.as_ref() {
+                Some(s) => {
+                    if s.fingerprint != req.model_fingerprint
+                        || s.assignment_json != req.assignment_json
+                        || s.weight_format != req.weight_format
+                        || s.wire_dtype != wire_dtype
+                    {
+                        return Err(ServiceError::Refused(format!(
+                            "card {me} already serves another shard (model {}, format {}); every attention \
+                             node sharing the cards must use the same model, placement and formats",
+                            s.fingerprint, s.weight_format
+                        )));
+                    }
+                    s.clone()
+                }
+                None => {
+                    let s = Arc::new(self.build_shard(req, &model_dir, wire_dtype)?);
+                    *slot = Some(s.clone());
+                    s
+                }
+            }
+        };
+        self.attach(req, shard)
+    }
+
+    fn build_shard(
+        &self,
+        req: &LoadShardRequest,
+        dir: &Path,
+        wire_dtype: WireDtype,
+    ) -> Result<Shard, ServiceError> {
+        let me = self.config.index;
+        let fingerprint = model_fingerprint(dir)?;
+        if fingerprint != req.model_fingerprint {
+            return Err(ServiceError::Refused(format!(
+                "card {me} found a different model at {} (fingerprint {fingerprint}, expected {}): \
+                 the path must name the same checkpoint on every machine",
+                dir.display(),
+                req.model_fingerprint
+            )));
+        }
+        let assignment: CardAssignment = serde_json::from_str(&req.assignment_json)
+            .map_err(|e| ServiceError::Invalid(format!("assignment is not valid JSON: {e}")))?;
+        if assignment.card != me {
+            return Err(ServiceError::Refused(format!(
+                "card {me} was sent the shard of card {}",
+                assignment.card
+            )));
+        }
+        let config_path = dir.join("config.json");
+        let config = ModelConfig::from_file(&config_path).map_err(crate::Error::from)?;
+        let config_text = std::fs::read_to_string(&config_path)
+            .map_err(|e| ServiceError::Invalid(format!("{}: {e}", config_path.display())))?;
+        let stored = StoredFormats::from_config_json(&config_text, &config)?;
+        let format: FormatChoice = req.weight_format.parse().map_err(ServiceError::Invalid)?;
+        let options = CompileOptions {
+            format,
+            max_tokens: req.max_tokens as usize,
+            allow_spill: req.allow_spill,
+            candidates: req.lm_head_candidates as usize,
+            ..CompileOptions::default()
+        };
+        let compiled = compile(
+            &config,
+            &stored,
+            &assignment,
+            &options,
+            &self.config.profile,
+        )?;
+        let s = crate::report::summarize(&compiled);
+        let summary = format!(
+            "card {}/{}: {}; SRAM {} of {}; {} tiles on {} cores; {} spilled to LPDDR",
+            s.card,
+            s.cards,
+            s.share,
+            crate::report::human_bytes(s.sram_used),
+            crate::report::human_bytes(s.sram_capacity),
+            s.tiles,
+            s.weight_cores,
+            crate::report::human_bytes(s.spilled_bytes)
+        );
+        let weights = ModelWeights::load_with(
+            dir,
+            &LoadOptions {
+                experts: assignment.expert_filter(),
+            },
+        )
+        .map_err(crate::Error::from)?;
+        let card = Card::new(
+            compiled.program,
+            &weights,
+            CardOptions {
+                exec: self.config.exec,
+                candidates: CandidateOptions {
+                    candidates: req.lm_head_candidates as usize,
+                    ..CandidateOptions::default()
+                },
+            },
+        )?;
+        Ok(Shard {
+            card: Mutex::new(card),
+            fingerprint,
+            assignment_json: req.assignment_json.clone(),
+            weight_format: req.weight_format.clone(),
+            wire_dtype,
+            messages: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+            compute_seconds: Mutex::new(0.0),
+            summary,
+        })
+    }
+
+    fn attach(
+        &self,
+        req: &LoadShardRequest,
+        shard: Arc<Shard>,
+    ) -> Result<LoadShardReply, ServiceError> {
+        let reply = req
+            .reply_region
+            .clone()
+            .ok_or_else(|| ServiceError::Invalid("no reply_region".into()))?;
+        let slot = req.inbox_slot_bytes as usize;
+        if slot == 0 || req.reply_slot_bytes == 0 {
+            return Err(ServiceError::Invalid("slot sizes must be positive".into()));
+        }
+        if !req.attention_data_addr.is_empty()
+            && let Some(quic) = self.transport_as_quic()
+        {
+            let addr = req
+                .attention_data_addr
+                .parse()
+                .map_err(|e| ServiceError::Invalid(format!("attention_data_addr: {e}")))?;
+            quic.add_peer(req.attention_node.clone(), addr);
+        }
+        let inbox = self.transport.register(
+            RegionConfig::new(slot * crate::service::worker::SLOTS)
+                .grant(req.attention_node.clone()),
+        )?;
+        let descriptor = inbox.descriptor();
+        let worker = worker::Worker {
+            card_index: self.config.index,
+            shard,
+            inbox,
+            reply: jetstream::RegionDescriptor {
+                node: reply.node,
+                id: reply.id,
+                len: reply.len,
+                key: reply.key,
+            },
+            reply_slot: req.reply_slot_bytes as usize,
+            transport: self.transport.clone(),
+            runtime: self.runtime.clone(),
+            stop: self.stop.clone(),
+        };
+        let name = format!("card-{}-worker", self.config.index);
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || worker.run())
+            .map_err(|e| ServiceError::Invalid(format!("cannot start a worker thread: {e}")))?;
+        self.workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(handle);
+        let program = self.loaded().map(|s| s.summary.clone());
+        Ok(LoadShardReply {
+            inbox: Some(RegionDescriptor {
+                node: descriptor.node,
+                id: descriptor.id,
+                len: descriptor.len,
+                key: descriptor.key,
+            }),
+            card_node: self.transport.node().to_owned(),
+            card_data_addr: self.data_addr().unwrap_or_default(),
+            program_summary: program.unwrap_or_default(),
+        })
+    }
+
+    fn transport_as_quic(&self) -> Option<&QuicTransport> {
+        match &self.plane {
+            DataPlane::Quic(q) => Some(q),
+            DataPlane::Inproc(_) => None,
+        }
+    }
+
+    /// The card's JetStream UDP address (QUIC only).
+    pub fn data_addr(&self) -> Option<String> {
+        self.transport_as_quic()
+            .and_then(|q| q.local_addr().ok())
+            .map(|a| a.to_string())
+    }
+
+    /// Whether a shard is loaded, and which.
+    pub fn health(&self) -> HealthReply {
+        match self.loaded() {
+            Some(s) => HealthReply {
+                ready: true,
+                status: format!("serving card {}", self.config.index),
+                model_fingerprint: s.fingerprint.clone(),
+            },
+            None => HealthReply {
+                ready: false,
+                status: format!("card {} is waiting for a shard", self.config.index),
+                model_fingerprint: String::new(),
+            },
+        }
+    }
+
+    /// The card's counters and modeled time.
+    pub fn stats(&self) -> proto::control::CardStats {
+        let Some(s) = self.loaded() else {
+            return proto::control::CardStats {
+                card_index: self.config.index as u32,
+                ..Default::default()
+            };
+        };
+        let stats = s.card.lock().unwrap_or_else(|p| p.into_inner()).stats();
+        let layers = stats.layers.iter().chain(std::iter::once(&stats.lm_head));
+        proto::control::CardStats {
+            card_index: self.config.index as u32,
+            messages: s.messages.load(Ordering::Relaxed),
+            bytes_in: s.bytes_in.load(Ordering::Relaxed),
+            bytes_out: s.bytes_out.load(Ordering::Relaxed),
+            modeled_seconds: layers.clone().map(|l| l.modeled_seconds).sum(),
+            compute_seconds: *s.compute_seconds.lock().unwrap_or_else(|p| p.into_inner()),
+            sram_bytes_used: stats.sram_used,
+            sram_bytes_available: stats.sram_capacity,
+            lpddr_bytes_used: stats.lpddr.iter().map(|m| m.bytes).sum(),
+            expert_tokens: stats.layers.iter().map(|l| l.expert_rows).collect(),
+            layer_times: stats
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(i, l)| proto::control::LayerTime {
+                    layer: i as u32,
+                    modeled_seconds: l.modeled_seconds,
+                })
+                .collect(),
+        }
+    }
+
+    /// Stops the workers (they finish the message in hand).
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in workers {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for CardHost {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Time a closure and add it to the shard's compute seconds.
+pub(crate) fn timed<R>(shard: &Shard, f: impl FnOnce() -> R) -> R {
+    let t = Instant::now();
+    let r = f();
+    *shard
+        .compute_seconds
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) += t.elapsed().as_secs_f64();
+    r
+}

@@ -1,0 +1,288 @@
+//! The data-plane loop of one (card, attention node) pair: wait for a message to land in the
+//! inbox, decode it in place, run the card, write the reply into the node's region.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use jetstream::{Region, RegionDescriptor, Transport, WriteRequest};
+use proto::data::{self, Candidate, Immediate, Kind, MessageMeta, Proposal};
+
+use super::{Shard, timed};
+use crate::executor::Slot;
+use crate::lm_head::{LmProposal, RowSampling};
+
+/// Micro-batch slots per inbox and per reply region (as the attention node lays them out).
+pub(crate) const SLOTS: usize = 2;
+
+/// How often a worker checks whether it should stop.
+const POLL: Duration = Duration::from_millis(200);
+
+pub(crate) struct Worker {
+    pub card_index: usize,
+    pub shard: Arc<Shard>,
+    pub inbox: Region,
+    pub reply: RegionDescriptor,
+    pub reply_slot: usize,
+    pub transport: Arc<dyn Transport>,
+    pub runtime: tokio::runtime::Handle,
+    pub stop: Arc<AtomicBool>,
+}
+
+impl Worker {
+    pub fn run(self) {
+        while !self.stop.load(Ordering::SeqCst) {
+            let completion = match self.inbox.next_completion_blocking(POLL) {
+                Ok(c) => c,
+                Err(jetstream::Error::Timeout { .. }) => continue,
+                Err(e) => {
+                    tracing::info!(card = self.card_index, "inbox closed: {e}");
+                    return;
+                }
+            };
+            let immediate = Immediate::unpack(completion.immediate);
+            // Decode under the view, then release it before computing so the other
+            // micro-batch's message can land meanwhile.
+            let decoded = match self.inbox.read_blocking(completion.range()) {
+                Ok(view) => {
+                    self.shard.messages.fetch_add(1, Ordering::Relaxed);
+                    self.shard
+                        .bytes_in
+                        .fetch_add(view.len() as u64, Ordering::Relaxed);
+                    self.decode(&view)
+                }
+                Err(e) => Err(format!("cannot read the inbox: {e}")),
+            };
+            let reply = decoded.and_then(|r| self.compute(r));
+            let bytes = match reply {
+                Ok(bytes) => bytes,
+                Err(message) => {
+                    tracing::warn!(card = self.card_index, "{message}");
+                    let meta = MessageMeta {
+                        step: immediate.step,
+                        layer: immediate.layer,
+                        micro_batch: immediate.micro_batch,
+                        dtype: self.shard.wire_dtype,
+                    };
+                    let mut out = Vec::new();
+                    data::encode_error(
+                        meta,
+                        &format!("card {}: {message}", self.card_index),
+                        &mut out,
+                    );
+                    out
+                }
+            };
+            if bytes.len() > self.reply_slot {
+                tracing::error!(
+                    card = self.card_index,
+                    "a {}-byte reply exceeds the {}-byte slot",
+                    bytes.len(),
+                    self.reply_slot
+                );
+                continue;
+            }
+            let offset = ((self.card_index * SLOTS + immediate.micro_batch as usize % SLOTS)
+                * self.reply_slot) as u64;
+            self.shard
+                .bytes_out
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let request = WriteRequest::new(&self.reply, offset, Bytes::from(bytes))
+                .immediate(completion.immediate);
+            if let Err(e) = self.runtime.block_on(self.transport.post_write(request)) {
+                tracing::warn!(
+                    card = self.card_index,
+                    "cannot reply to {}: {e}",
+                    self.reply.node
+                );
+            }
+        }
+    }
+
+    /// Decodes a message into an owned request (so the inbox view can be released before the
+    /// card computes).
+    fn decode(&self, message: &[u8]) -> Result<Request, String> {
+        let h = data::decode_header(message).map_err(|e| e.to_string())?;
+        let meta = MessageMeta {
+            step: h.step,
+            layer: h.layer,
+            micro_batch: h.micro_batch,
+            dtype: self.shard.wire_dtype,
+        };
+        let op = match h.kind {
+            Kind::MoeDispatch => {
+                let d = data::decode_moe_dispatch(message).map_err(|e| e.to_string())?;
+                let (n, k) = (h.tokens as usize, h.slots as usize);
+                let mut slots = Vec::with_capacity(n * k);
+                for t in 0..n {
+                    for s in 0..k {
+                        slots.push(Slot {
+                            expert: d.expert(t, s),
+                            weight: d.weight(t, s),
+                        });
+                    }
+                }
+                Op::Moe {
+                    rows: d.rows.to_f32(),
+                    slots,
+                    k,
+                }
+            }
+            Kind::DenseDispatch => {
+                let (_, r) =
+                    data::decode_rows(message, Kind::DenseDispatch).map_err(|e| e.to_string())?;
+                Op::Dense { rows: r.to_f32() }
+            }
+            Kind::LmHeadDispatch => {
+                let d = data::decode_lm_head_dispatch(message).map_err(|e| e.to_string())?;
+                let sampling = (0..h.tokens as usize)
+                    .map(|t| {
+                        let s = d.sampling(t);
+                        RowSampling {
+                            params: model::sampling::SamplingParams {
+                                temperature: s.temperature,
+                                seed: s.seed,
+                                ..Default::default()
+                            },
+                            position: s.position,
+                        }
+                    })
+                    .collect();
+                Op::LmHead {
+                    rows: d.rows.to_f32(),
+                    sampling,
+                    wanted: h.slots as usize,
+                }
+            }
+            other => return Err(format!("a card does not accept {other:?} messages")),
+        };
+        Ok(Request {
+            meta,
+            layer: h.layer as usize,
+            hidden: h.hidden as usize,
+            op,
+        })
+    }
+
+    /// Runs a request on the card and encodes the reply.
+    fn compute(&self, request: Request) -> Result<Vec<u8>, String> {
+        let mut card = self.shard.card.lock().unwrap_or_else(|p| p.into_inner());
+        let hidden = card.program().hidden;
+        if request.hidden != hidden {
+            return Err(format!(
+                "rows of width {} for a model of width {hidden}",
+                request.hidden
+            ));
+        }
+        let (meta, layer) = (request.meta, request.layer);
+        let mut out = Vec::new();
+        match request.op {
+            Op::Moe { rows, slots, k } => {
+                let top_k = card.program().top_k;
+                if k != top_k {
+                    return Err(format!("{k} slots per row, the model routes to {top_k}"));
+                }
+                let partial = timed(&self.shard, || card.moe_layer(layer, &rows, &slots))
+                    .map_err(|e| e.to_string())?;
+                data::encode_rows(Kind::PartialSums, meta, hidden, &partial, &mut out);
+            }
+            Op::Dense { rows } => {
+                let partial = timed(&self.shard, || card.dense_layer(layer, &rows))
+                    .map_err(|e| e.to_string())?;
+                data::encode_rows(Kind::PartialSums, meta, hidden, &partial, &mut out);
+            }
+            Op::LmHead {
+                rows,
+                sampling,
+                wanted,
+            } => {
+                let shard_rows = card.program().assignment.lm_head_rows;
+                let width = shard_rows.len();
+                let proposals: Vec<Proposal> = if wanted >= width {
+                    // Every logit of the shard, as candidates (the full-logits fallback).
+                    let logits = timed(&self.shard, || card.lm_head_logits(&rows))
+                        .map_err(|e| e.to_string())?;
+                    (0..sampling.len())
+                        .map(|t| {
+                            full_proposal(
+                                &logits[t * width..(t + 1) * width],
+                                shard_rows.start as u32,
+                            )
+                        })
+                        .collect()
+                } else {
+                    let props = timed(&self.shard, || card.lm_head(&rows, &sampling))
+                        .map_err(|e| e.to_string())?;
+                    props.into_iter().map(to_wire).collect()
+                };
+                data::encode_proposals(meta, wanted.min(width), &proposals, &mut out);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A decoded message, owned.
+struct Request {
+    meta: MessageMeta,
+    layer: usize,
+    hidden: usize,
+    op: Op,
+}
+
+enum Op {
+    Moe {
+        rows: Vec<f32>,
+        slots: Vec<Slot>,
+        k: usize,
+    },
+    Dense {
+        rows: Vec<f32>,
+    },
+    LmHead {
+        rows: Vec<f32>,
+        sampling: Vec<RowSampling>,
+        wanted: usize,
+    },
+}
+
+/// A proposal carrying every logit of the shard, best first.
+fn full_proposal(logits: &[f32], first: u32) -> Proposal {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    Proposal {
+        log_sum_exp: model::sampling::log_sum_exp(logits),
+        winner: u32::MAX,
+        winner_logit: 0.0,
+        winner_score: f64::NEG_INFINITY,
+        candidates: order
+            .into_iter()
+            .map(|i| Candidate {
+                logit: logits[i],
+                token: first + i as u32,
+            })
+            .collect(),
+    }
+}
+
+fn to_wire(p: LmProposal) -> Proposal {
+    let (winner, winner_logit, winner_score) = match p.gumbel {
+        Some(g) => (g.token, g.logit, g.score),
+        None => (u32::MAX, 0.0, f64::NEG_INFINITY),
+    };
+    Proposal {
+        log_sum_exp: p.log_sum_exp,
+        winner,
+        winner_logit,
+        winner_score,
+        candidates: p
+            .candidates
+            .into_iter()
+            .map(|c| Candidate {
+                logit: c.logit,
+                token: c.token,
+            })
+            .collect(),
+    }
+}
