@@ -1,6 +1,12 @@
 //! Deployments and the `afd` binary.
 //!
 //! Owns deployment files (`deploy/*.toml`), the planner and system performance model, the local
-//! multi-process launcher, Kubernetes manifests, and the command-line front end that starts any role.
+//! multi-process launcher, Kubernetes manifests, the assembly of a disaggregated deployment
+//! ([`cluster`]), and the command-line front end that starts any role.
 //!
 //! Must not: hold model numerics or protocol logic of its own; it wires the other crates together.
+
+pub mod cluster;
+pub mod error;
+
+pub use error::{Error, Result};

@@ -8,6 +8,7 @@
 //! Must not: depend on `corsair-ffn`; it knows the cards only through `proto` and `jetstream`.
 
 pub mod dispatch;
+pub mod driver;
 pub mod fabric;
 pub mod kv_cache;
 pub mod merge;
@@ -16,6 +17,9 @@ pub mod node;
 pub mod sampler;
 pub mod step;
 
+pub use monolithic::MonolithicNode;
+pub use node::{CardLayout, DisaggregatedNode, MicroBatches, NodeConfig};
 pub use step::{
-    AttentionNode, KvCapacity, SampleRequest, StepBatch, StepEntry, StepError, StepOutput,
+    AttentionNode, KvCapacity, Penalties, SampleRequest, SampledToken, SeqId, StepBatch, StepEntry,
+    StepError, StepOutput,
 };

@@ -15,7 +15,6 @@ use proto::data::{self, Candidate, Immediate, Kind, Proposal};
 use super::*;
 use crate::dispatch::ExpertPlacement;
 use crate::fabric::{CardFabric, Reply};
-use crate::step::{SampleRequest, StepEntry};
 
 /// Cards in memory: card `c` holds experts `e % cards == c` and a contiguous vocabulary slice.
 struct MemoryCards {
@@ -228,60 +227,27 @@ fn node(dir: &std::path::Path, cards: usize, micro_batches: MicroBatches) -> Dis
     DisaggregatedNode::new(&attn, layout, Box::new(fabric), config).unwrap()
 }
 
-/// Greedy generation of several prompts together through the node's step API.
+/// Generation of several prompts together through the node's step API.
 fn run(
     node: &mut DisaggregatedNode,
     prompts: &[Vec<u32>],
     max_tokens: usize,
     params: SamplingParams,
 ) -> Vec<Vec<u32>> {
-    let bs = node.kv_capacity().block_size;
-    let request = SampleRequest {
-        params,
-        penalties: Default::default(),
-        top_logprobs: 1,
-    };
-    let mut outputs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-    let mut next_block = 0u32;
-    let tables: Vec<Vec<u32>> = prompts
+    let requests: Vec<GenerationRequest> = prompts
         .iter()
-        .map(|p| {
-            let blocks = (p.len() + max_tokens).div_ceil(bs) as u32;
-            let t = (next_block..next_block + blocks).collect();
-            next_block += blocks;
-            t
+        .map(|p| GenerationRequest {
+            prompt: p.clone(),
+            max_tokens,
+            sampling: params,
+            stop_token_ids: vec![],
         })
         .collect();
-    for step in 0..max_tokens {
-        let entries: Vec<StepEntry> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| StepEntry {
-                seq: 100 + i as u64,
-                tokens: if step == 0 {
-                    p.clone()
-                } else {
-                    vec![*outputs[i].last().unwrap()]
-                },
-                start: if step == 0 { 0 } else { p.len() + step - 1 },
-                prompt_len: p.len(),
-                block_table: tables[i].clone(),
-                sample: Some(request),
-            })
-            .collect();
-        let out = node.step(&StepBatch { entries }).unwrap();
-        for (i, t) in out.sampled.iter().enumerate() {
-            assert_eq!(t.seq, 100 + i as u64);
-            outputs[i].push(t.token);
-        }
-    }
-    node.free(
-        &(0..prompts.len() as u64)
-            .map(|i| 100 + i)
-            .collect::<Vec<_>>(),
-    )
-    .unwrap();
-    outputs
+    crate::driver::generate(node, &requests, 100)
+        .unwrap()
+        .into_iter()
+        .map(|g| g.output_ids)
+        .collect()
 }
 
 fn reference(

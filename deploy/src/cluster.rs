@@ -1,0 +1,419 @@
+//! Assembling a disaggregated deployment: cards load their shards, attention nodes connect to
+//! them over JetStream, and out come [`DisaggregatedNode`]s ready for the router.
+//!
+//! Two shapes share one path: the embedded cluster (cards are threads of this process, over
+//! loopback QUIC or the in-process transport) and remote cards (separate `afd card` processes,
+//! reached through their gRPC control plane).
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use corsair_ffn::assignment::{ExpertReplica, LayerShare};
+use corsair_ffn::service::{CardHost, CardHostConfig, DataPlane, model_fingerprint};
+use corsair_ffn::{
+    CardAssignment, ExecOptions, FormatChoice, HardwareProfile, PlacementOptions, plan_placement,
+};
+use gpu_attention::dispatch::ExpertPlacement;
+use gpu_attention::fabric::JetstreamFabric;
+use gpu_attention::node::slot_sizes;
+use gpu_attention::{CardLayout, DisaggregatedNode, NodeConfig};
+use jetstream::{ClusterCa, InprocFabric, NodeIdentity, QuicConfig, QuicTransport, Transport};
+use model::config::FfnKind;
+use model::weights::{ExpertFilter, LoadOptions};
+use model::{ModelConfig, ModelWeights};
+use proto::control::{LoadShardReply, LoadShardRequest, RegionDescriptor};
+
+use crate::error::{Error, Result};
+
+/// How the attention nodes and the cards talk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// JetStream over QUIC with mutual TLS (loopback when embedded).
+    #[default]
+    Quic,
+    /// JetStream's in-process twin (embedded only).
+    Inproc,
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "quic" => Ok(TransportKind::Quic),
+            "inproc" => Ok(TransportKind::Inproc),
+            other => Err(format!(
+                "unknown transport `{other}`: expected quic or inproc"
+            )),
+        }
+    }
+}
+
+/// Everything a disaggregated deployment is made of.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Checkpoint folder.
+    pub model: PathBuf,
+    /// Number of cards.
+    pub cards: usize,
+    /// Number of attention nodes sharing the cards.
+    pub attention_nodes: usize,
+    /// Data-plane transport.
+    pub transport: TransportKind,
+    /// Format of expert and dense weights on the cards.
+    pub weight_format: FormatChoice,
+    /// Let weights that do not fit in SRAM stream from LPDDR.
+    pub allow_spill: bool,
+    /// Replicas of hot experts.
+    pub replicas: Vec<ExpertReplica>,
+    /// Attention-node settings (KV cache, micro-batches, wire dtype, max tokens, ...).
+    pub node: NodeConfig,
+    /// Executor threads per card (0: every core).
+    pub card_threads: usize,
+    /// The cards' hardware profile.
+    pub profile: HardwareProfile,
+}
+
+impl ClusterConfig {
+    /// Defaults for `model` on `cards` cards.
+    pub fn new(model: impl Into<PathBuf>, cards: usize) -> Self {
+        ClusterConfig {
+            model: model.into(),
+            cards,
+            attention_nodes: 1,
+            transport: TransportKind::Quic,
+            weight_format: FormatChoice::AsStored,
+            allow_spill: false,
+            replicas: Vec::new(),
+            node: NodeConfig::default(),
+            card_threads: 1,
+            profile: HardwareProfile::default(),
+        }
+    }
+}
+
+/// Loading a shard on one card, however the card is reached.
+pub trait CardControl: Send + Sync {
+    /// Asks the card to load (or attach to) its shard.
+    fn load_shard(&self, request: LoadShardRequest) -> Result<LoadShardReply>;
+}
+
+impl CardControl for CardHost {
+    fn load_shard(&self, request: LoadShardRequest) -> Result<LoadShardReply> {
+        CardHost::load_shard(self, &request).map_err(|e| Error::Card {
+            card: request.card_index as usize,
+            message: e.to_string(),
+        })
+    }
+}
+
+/// The attention node's layout of the cards, from their assignments.
+pub fn card_layout(config: &ModelConfig, assignments: &[CardAssignment]) -> Result<CardLayout> {
+    let experts = config.moe.map_or(0, |m| m.num_experts);
+    let card_experts: Vec<Vec<Vec<u32>>> = assignments
+        .iter()
+        .map(|a| {
+            a.layers
+                .iter()
+                .map(|l| match l {
+                    LayerShare::Moe { experts } => experts.clone(),
+                    LayerShare::Dense { .. } => Vec::new(),
+                })
+                .collect()
+        })
+        .collect();
+    let moe: Vec<bool> = config
+        .layers
+        .iter()
+        .map(|l| l.ffn == FfnKind::Moe)
+        .collect();
+    let placement = ExpertPlacement::new(config.num_layers(), experts, &moe, &card_experts)
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let dense_cards = assignments
+        .iter()
+        .filter(|a| {
+            a.layers
+                .iter()
+                .any(|l| matches!(l, LayerShare::Dense { columns } if !columns.is_empty()))
+        })
+        .map(|a| a.card)
+        .collect();
+    let lm_head: Vec<Range<u32>> = assignments
+        .iter()
+        .map(|a| a.lm_head_rows.start as u32..a.lm_head_rows.end as u32)
+        .collect();
+    Ok(CardLayout {
+        placement,
+        dense_cards,
+        lm_head,
+    })
+}
+
+/// The attention node's transport.
+pub enum NodeTransport {
+    /// QUIC; card addresses are added as the cards report them.
+    Quic(Arc<QuicTransport>),
+    /// In-process.
+    Inproc(Arc<dyn Transport>),
+}
+
+/// Connects one attention node to every card: registers its reply region, asks each card to
+/// load its shard (the first node) or attach (the others), and builds the node.
+#[allow(clippy::too_many_arguments)]
+pub fn connect_node(
+    config: &ClusterConfig,
+    model: &ModelConfig,
+    attention_weights: &ModelWeights,
+    fingerprint: &str,
+    assignments: &[CardAssignment],
+    cards: &[&dyn CardControl],
+    transport: NodeTransport,
+    runtime: tokio::runtime::Handle,
+) -> Result<DisaggregatedNode> {
+    let layout = card_layout(model, assignments)?;
+    let sizes = slot_sizes(model, &config.node, &layout);
+    let (dyn_transport, quic): (Arc<dyn Transport>, Option<Arc<QuicTransport>>) = match transport {
+        NodeTransport::Quic(q) => (q.clone(), Some(q)),
+        NodeTransport::Inproc(t) => (t, None),
+    };
+    let names: Vec<String> = (0..config.cards).map(card_name).collect();
+    let mut fabric = JetstreamFabric::new(dyn_transport.clone(), runtime, names, sizes)?;
+    let reply = fabric.reply_region();
+    let data_addr = match &quic {
+        Some(q) => q.local_addr()?.to_string(),
+        None => String::new(),
+    };
+    let mut inboxes = Vec::with_capacity(cards.len());
+    for (i, (card, assignment)) in cards.iter().zip(assignments).enumerate() {
+        let request = LoadShardRequest {
+            model_path: config.model.display().to_string(),
+            model_fingerprint: fingerprint.to_owned(),
+            card_index: i as u32,
+            num_cards: config.cards as u32,
+            assignment_json: serde_json::to_string(assignment)
+                .map_err(|e| Error::Config(e.to_string()))?,
+            weight_format: config.weight_format.to_string(),
+            max_tokens: config.node.max_tokens as u32,
+            allow_spill: config.allow_spill,
+            wire_dtype: match config.node.wire_dtype {
+                proto::data::WireDtype::F32 => "f32".into(),
+                proto::data::WireDtype::Bf16 => "bf16".into(),
+            },
+            attention_node: dyn_transport.node().to_owned(),
+            attention_data_addr: data_addr.clone(),
+            reply_region: Some(RegionDescriptor {
+                node: reply.node.clone(),
+                id: reply.id,
+                len: reply.len,
+                key: reply.key,
+            }),
+            lm_head_candidates: config.node.lm_head_candidates as u32,
+            inbox_slot_bytes: sizes.inbox as u64,
+            reply_slot_bytes: sizes.reply as u64,
+        };
+        let answer = card.load_shard(request)?;
+        let inbox = answer.inbox.ok_or_else(|| Error::Card {
+            card: i,
+            message: "the card returned no inbox".into(),
+        })?;
+        if let Some(q) = &quic {
+            let addr = answer.card_data_addr.parse().map_err(|e| Error::Card {
+                card: i,
+                message: format!("bad data address `{}`: {e}", answer.card_data_addr),
+            })?;
+            q.add_peer(answer.card_node.clone(), addr);
+        }
+        tracing::info!(card = i, "{}", answer.program_summary);
+        inboxes.push(jetstream::RegionDescriptor {
+            node: inbox.node,
+            id: inbox.id,
+            len: inbox.len,
+            key: inbox.key,
+        });
+    }
+    fabric.set_inboxes(inboxes);
+    DisaggregatedNode::new(
+        attention_weights,
+        layout,
+        Box::new(fabric),
+        config.node.clone(),
+    )
+    .map_err(|e| Error::Config(e.to_string()))
+}
+
+/// JetStream name of card `i`.
+pub fn card_name(i: usize) -> String {
+    format!("card-{i}")
+}
+
+/// JetStream name of attention node `j`.
+pub fn attention_name(j: usize) -> String {
+    format!("attn-{j}")
+}
+
+/// A deployment in this process: cards as threads, attention nodes ready to step.
+pub struct EmbeddedCluster {
+    /// The cards.
+    pub cards: Vec<Arc<CardHost>>,
+    /// The assignments the cards hold.
+    pub assignments: Vec<CardAssignment>,
+    runtime: tokio::runtime::Runtime,
+    nodes: Vec<DisaggregatedNode>,
+}
+
+impl std::fmt::Debug for EmbeddedCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedCluster")
+            .field("cards", &self.cards.len())
+            .finish()
+    }
+}
+
+/// Progress while a cluster starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartEvent {
+    /// Card `i` of `n` is compiling and loading its shard.
+    LoadingCard(usize, usize),
+    /// Attention node `j` of `m` is connecting.
+    ConnectingNode(usize, usize),
+}
+
+impl EmbeddedCluster {
+    /// Starts every card and attention node of `config` in this process.
+    pub fn start(config: &ClusterConfig, progress: &mut dyn FnMut(StartEvent)) -> Result<Self> {
+        if config.cards == 0 || config.attention_nodes == 0 {
+            return Err(Error::Config(
+                "a deployment needs at least one card and one attention node".into(),
+            ));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("afd-io")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Io(format!("cannot start the I/O runtime: {e}")))?;
+        let model = ModelConfig::from_file(&config.model.join("config.json"))?;
+        let fingerprint =
+            model_fingerprint(&config.model).map_err(|e| Error::Config(e.to_string()))?;
+        let assignments = plan_placement(
+            &model,
+            &PlacementOptions {
+                cards: config.cards,
+                replicas: config.replicas.clone(),
+            },
+        )
+        .map_err(|e| Error::Config(e.to_string()))?;
+        let ca = match config.transport {
+            TransportKind::Quic => Some(ClusterCa::generate()?),
+            TransportKind::Inproc => None,
+        };
+        let inproc = InprocFabric::new();
+        let quic = |name: &str| -> Result<Arc<QuicTransport>> {
+            let identity: NodeIdentity = ca
+                .as_ref()
+                .ok_or_else(|| Error::Config("no cluster CA".into()))?
+                .issue(name)?;
+            let _guard = runtime.enter();
+            let listen = "127.0.0.1:0"
+                .parse()
+                .map_err(|e| Error::Config(format!("{e}")))?;
+            Ok(Arc::new(QuicTransport::bind(QuicConfig::new(
+                identity, listen,
+            ))?))
+        };
+        let mut cards = Vec::with_capacity(config.cards);
+        for i in 0..config.cards {
+            let plane = match config.transport {
+                TransportKind::Quic => DataPlane::Quic(quic(&card_name(i))?),
+                TransportKind::Inproc => {
+                    DataPlane::Inproc(Arc::new(inproc.endpoint(&card_name(i))?))
+                }
+            };
+            let host = CardHostConfig {
+                index: i,
+                model: None,
+                profile: config.profile.clone(),
+                exec: ExecOptions {
+                    threads: config.card_threads,
+                    ..ExecOptions::default()
+                },
+            };
+            cards.push(Arc::new(CardHost::new(
+                host,
+                plane,
+                runtime.handle().clone(),
+            )));
+        }
+        let attention_weights = ModelWeights::load_with(
+            &config.model,
+            &LoadOptions {
+                experts: ExpertFilter::None,
+            },
+        )?;
+        let mut nodes = Vec::with_capacity(config.attention_nodes);
+        for j in 0..config.attention_nodes {
+            progress(StartEvent::ConnectingNode(j, config.attention_nodes));
+            let transport = match config.transport {
+                TransportKind::Quic => NodeTransport::Quic(quic(&attention_name(j))?),
+                TransportKind::Inproc => {
+                    NodeTransport::Inproc(Arc::new(inproc.endpoint(&attention_name(j))?))
+                }
+            };
+            let controls: Vec<&dyn CardControl> = cards
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    if j == 0 {
+                        progress(StartEvent::LoadingCard(i, config.cards));
+                    }
+                    c.as_ref() as &dyn CardControl
+                })
+                .collect();
+            nodes.push(connect_node(
+                config,
+                &model,
+                &attention_weights,
+                &fingerprint,
+                &assignments,
+                &controls,
+                transport,
+                runtime.handle().clone(),
+            )?);
+        }
+        Ok(EmbeddedCluster {
+            cards,
+            assignments,
+            runtime,
+            nodes,
+        })
+    }
+
+    /// The attention nodes (the caller owns them from now on; the cluster keeps the cards).
+    pub fn take_nodes(&mut self) -> Vec<DisaggregatedNode> {
+        std::mem::take(&mut self.nodes)
+    }
+
+    /// Every card's statistics.
+    pub fn card_stats(&self) -> Vec<proto::control::CardStats> {
+        self.cards.iter().map(|c| c.stats()).collect()
+    }
+
+    /// The I/O runtime the transports run on.
+    pub fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.runtime
+    }
+}
+
+impl Drop for EmbeddedCluster {
+    fn drop(&mut self) {
+        for c in &self.cards {
+            c.shutdown();
+        }
+    }
+}
+
+/// The checkpoint's fingerprint (for refusing mismatched roles).
+pub fn fingerprint(model: &Path) -> Result<String> {
+    model_fingerprint(model).map_err(|e| Error::Config(e.to_string()))
+}
