@@ -229,9 +229,10 @@ impl Engine {
         {
             tracing::warn!(node = self.index, error = %e, "freeing sequences on the node failed");
         }
+        // The running set is decided: publish it before the (possibly long) step.
+        self.publish();
         if out.is_empty() {
             // Work exists but nothing fits right now; wait for a command instead of spinning.
-            self.publish();
             match self.commands.recv_timeout(Duration::from_millis(10)) {
                 Ok(cmd) => self.stopping = !self.handle(cmd),
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}

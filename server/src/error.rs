@@ -1,0 +1,175 @@
+//! The server's errors, and the one place they become HTTP responses.
+//!
+//! Bodies use the OpenAI/vLLM envelope `{"error": {"message", "type", "param", "code"}}`, with
+//! `code` the HTTP status and `type` a stable name (also the label of the failure metric).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// An error answered to a client.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    /// A parameter is invalid (400); `param` names it.
+    #[error("{message}")]
+    BadRequest {
+        /// What is wrong and what to do.
+        message: String,
+        /// The parameter at fault.
+        param: Option<String>,
+    },
+    /// The model or route does not exist (404).
+    #[error("{message}")]
+    NotFound {
+        /// What was not found.
+        message: String,
+        /// The parameter at fault.
+        param: Option<String>,
+    },
+    /// Too many requests are waiting (429).
+    #[error("{0}")]
+    Overloaded(String),
+    /// The server cannot serve now (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Something failed inside the server (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The `error` object of the envelope.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct ErrorInfo {
+    /// Human-readable message.
+    pub message: String,
+    /// Stable error type, e.g. `BadRequestError`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The parameter at fault, if any.
+    pub param: Option<String>,
+    /// The HTTP status.
+    pub code: u16,
+}
+
+/// The envelope `{"error": ...}`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorInfo,
+}
+
+impl ApiError {
+    /// A 400 naming `param`.
+    pub fn bad_param(param: &str, message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: Some(param.to_string()),
+        }
+    }
+
+    /// A 400 without a specific parameter.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable type name (vLLM's names).
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "BadRequestError",
+            ApiError::NotFound { .. } => "NotFoundError",
+            ApiError::Overloaded(_) => "TooManyRequestsError",
+            ApiError::Unavailable(_) => "ServiceUnavailableError",
+            ApiError::Internal(_) => "InternalServerError",
+        }
+    }
+
+    /// The envelope.
+    pub fn body(&self) -> ErrorBody {
+        let param = match self {
+            ApiError::BadRequest { param, .. } | ApiError::NotFound { param, .. } => param.clone(),
+            _ => None,
+        };
+        ErrorBody {
+            error: ErrorInfo {
+                message: self.to_string(),
+                kind: self.error_type().to_string(),
+                param,
+                code: self.status().as_u16(),
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status(), axum::Json(self.body())).into_response()
+    }
+}
+
+impl From<router::Error> for ApiError {
+    fn from(e: router::Error) -> Self {
+        match e {
+            router::Error::QueueFull { .. } => ApiError::Overloaded(e.to_string()),
+            router::Error::InvalidRequest(_) => ApiError::bad_request(e.to_string()),
+            router::Error::NodeDown { .. } | router::Error::NoNodes => {
+                ApiError::Unavailable(e.to_string())
+            }
+            router::Error::Config(_) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<router::GenerationError> for ApiError {
+    fn from(e: router::GenerationError) -> Self {
+        match e {
+            router::GenerationError::Shutdown => ApiError::Unavailable(e.to_string()),
+            router::GenerationError::Step { .. } => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// Errors starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The checkpoint's tokenizer or config could not be loaded.
+    #[error("loading the model in {dir}: {message}")]
+    Model {
+        /// The checkpoint folder.
+        dir: String,
+        /// What failed.
+        message: String,
+    },
+    /// The chat template does not compile.
+    #[error("the chat template does not compile: {0}")]
+    ChatTemplate(String),
+    /// The address could not be bound.
+    #[error(
+        "cannot listen on {addr}: {source}; is another server using the port? pick another with --port"
+    )]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The HTTP server failed.
+    #[error("HTTP server error: {0}")]
+    Serve(std::io::Error),
+    /// A setting is invalid.
+    #[error("invalid server configuration: {0}")]
+    Config(String),
+}

@@ -1,0 +1,55 @@
+//! `GET /health` (and `/ping`), `GET /metrics`, `GET /version`, and the JSON 404.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// 200 with an empty body while every attention node is healthy, else 503.
+pub async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.router.is_healthy() {
+        StatusCode::OK.into_response()
+    } else {
+        ApiError::Unavailable(
+            "unhealthy: an attention node's engine stopped or its last step failed; see the \
+             server log"
+                .into(),
+        )
+        .into_response()
+    }
+}
+
+/// Prometheus text.
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let stats = state.router.stats();
+    let afd = state.afd_stats.as_ref().map(|s| s.snapshot());
+    let text = state.metrics.render(&stats, afd.as_ref(), state.block_size);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The server's version.
+pub async fn version() -> Json<serde_json::Value> {
+    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
+
+/// Unknown routes, in the OpenAI error shape.
+pub async fn not_found(uri: axum::http::Uri) -> Response {
+    ApiError::NotFound {
+        message: format!("no route {uri}: see /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /health, /metrics"),
+        param: None,
+    }
+    .into_response()
+}

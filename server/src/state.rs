@@ -1,0 +1,206 @@
+//! The server's configuration and the state every handler shares.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use model::{Family, ModelConfig, ModelTokenizer};
+use router::{AfdStatsSource, Router};
+
+use crate::chat_template::{ChatFormat, ChatTemplate};
+use crate::error::{ApiError, Error};
+use crate::metrics::Metrics;
+use crate::validation::Limits;
+
+/// Settings of the HTTP server (the scheduler's are in [`router::RouterConfig`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub host: String,
+    /// Port to listen on; 0 picks a free one.
+    pub port: u16,
+    /// Checkpoint folder: tokenizer.json, tokenizer_config.json / chat_template.jinja,
+    /// config.json.
+    pub model_dir: PathBuf,
+    /// The model's id in `/v1/models` and responses; default: `model_dir` as given (as vLLM
+    /// uses its `--model` argument).
+    pub served_model_name: Option<String>,
+    /// Tokens `/v1/completions` generates when the request gives no `max_tokens` (vLLM: 16).
+    pub default_max_tokens: usize,
+    /// Largest `n` accepted.
+    pub max_n: usize,
+    /// Largest `logprobs` / `top_logprobs` accepted (vLLM: 20).
+    pub max_logprobs: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            model_dir: PathBuf::from("models/afd-tiny-gpt-oss"),
+            served_model_name: None,
+            default_max_tokens: 16,
+            max_n: 16,
+            max_logprobs: 20,
+        }
+    }
+}
+
+/// What every handler shares.
+pub struct AppState {
+    /// Settings.
+    pub config: ServerConfig,
+    /// The scheduler and its attention nodes.
+    pub router: Router,
+    /// The checkpoint's tokenizer.
+    pub tokenizer: ModelTokenizer,
+    /// How chat messages become a prompt.
+    pub chat: ChatFormat,
+    /// The model family, when config.json names one afd knows.
+    pub family: Option<Family>,
+    /// The model's id.
+    pub model_id: String,
+    /// The checkpoint path (`root` in `/v1/models`).
+    pub model_root: String,
+    /// Bounds.
+    pub limits: Limits,
+    /// Tokens that end generation unless `ignore_eos`.
+    pub eos_token_ids: Vec<u32>,
+    /// GPT-OSS harmony stop tokens (`<|return|>`, `<|call|>`) for chat.
+    pub harmony_stop_ids: Vec<u32>,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// The disaggregated path's figures, when the deployment provides them.
+    pub afd_stats: Option<Arc<dyn AfdStatsSource>>,
+    /// Unix time the server started (the model's `created`).
+    pub created: u64,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("config", &self.config)
+            .field("model_id", &self.model_id)
+            .finish()
+    }
+}
+
+fn model_error(dir: &Path, message: impl ToString) -> Error {
+    Error::Model {
+        dir: dir.display().to_string(),
+        message: message.to_string(),
+    }
+}
+
+impl AppState {
+    /// Loads the tokenizer and template of `config.model_dir` around a running `router`.
+    pub fn new(
+        config: ServerConfig,
+        router: Router,
+        afd_stats: Option<Arc<dyn AfdStatsSource>>,
+    ) -> Result<Self, Error> {
+        let dir = config.model_dir.clone();
+        let tokenizer = ModelTokenizer::load(&dir).map_err(|e| model_error(&dir, e))?;
+        let model_config = ModelConfig::from_file(&dir.join("config.json")).ok();
+        let family = model_config.as_ref().map(|c| c.family);
+        let vocab_size = model_config
+            .as_ref()
+            .map(|c| c.vocab_size)
+            .unwrap_or_else(|| tokenizer.vocab_size())
+            .max(1);
+        let mut eos_token_ids = tokenizer.eos_token_ids.clone();
+        if let Some(c) = &model_config {
+            for id in &c.eos_token_ids {
+                if !eos_token_ids.contains(id) {
+                    eos_token_ids.push(*id);
+                }
+            }
+        }
+        let harmony_stop_ids: Vec<u32> = if family == Some(Family::GptOss) {
+            ["<|return|>", "<|call|>"]
+                .iter()
+                .filter_map(|t| tokenizer.token_to_id(t))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let chat = match (&tokenizer.chat_template, family) {
+            (Some(src), _) => ChatFormat::Template(Box::new(ChatTemplate::new(
+                src.clone(),
+                tokenizer.bos_token.clone(),
+                tokenizer.eos_token.clone(),
+            )?)),
+            (None, Some(Family::GptOss)) => ChatFormat::Harmony,
+            (None, _) => ChatFormat::None,
+        };
+        let model_id = config
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| dir.display().to_string());
+        let max_model_len = router.config().scheduler.max_model_len;
+        let block_size = router
+            .kv_capacities()
+            .first()
+            .map(|k| k.block_size)
+            .unwrap_or(0);
+        if config.max_n == 0 {
+            return Err(Error::Config("max_n must be at least 1".into()));
+        }
+        Ok(AppState {
+            limits: Limits {
+                vocab_size,
+                max_model_len,
+                max_n: config.max_n,
+                max_logprobs: config.max_logprobs,
+            },
+            metrics: Metrics::new(&model_id, max_model_len),
+            model_root: dir.display().to_string(),
+            model_id,
+            tokenizer,
+            chat,
+            family,
+            eos_token_ids,
+            harmony_stop_ids,
+            block_size,
+            afd_stats,
+            created: crate::protocol::unix_now(),
+            router,
+            config,
+        })
+    }
+
+    /// Checks the request's `model` against the served one (its id or root).
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            None => Ok(()),
+            Some(m) if m == self.model_id || m == self.model_root || m.is_empty() => Ok(()),
+            Some(m) => Err(ApiError::NotFound {
+                message: format!(
+                    "The model `{m}` does not exist. This server serves `{}`.",
+                    self.model_id
+                ),
+                param: Some("model".into()),
+            }),
+        }
+    }
+
+    /// Tokenizes text off the async runtime.
+    pub async fn encode(
+        self: &Arc<Self>,
+        text: String,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, ApiError> {
+        let state = Arc::clone(self);
+        tokio::task::spawn_blocking(move || state.tokenizer.encode(&text, add_special_tokens))
+            .await
+            .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))?
+            .map_err(|e| ApiError::bad_param("prompt", format!("cannot tokenize the prompt: {e}")))
+    }
+
+    /// One token's text (for logprobs).
+    pub fn token_text(&self, id: u32) -> String {
+        self.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
+}

@@ -1,0 +1,243 @@
+//! Shared helpers: a synthetic tiny GPT-OSS checkpoint (tokenizer and config only), a server
+//! over fake attention nodes on 127.0.0.1:0, and SSE parsing.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_attention::step::Penalties;
+use gpu_attention::{AttentionNode, SampleRequest};
+use model::ModelTokenizer;
+use model::sampling::SamplingParams;
+use model::synth::{Preset, SynthOptions, synthesize};
+use router::fake::{FakeNode, FakeNodeConfig};
+use router::{Router, RouterConfig, SchedulerConfig};
+use serde_json::Value;
+use server::{Server, ServerConfig};
+
+/// A tiny GPT-OSS checkpoint folder (config, tokenizer, chat template; no weights).
+pub fn tiny_checkpoint() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let options = SynthOptions {
+        family: model::Family::GptOss,
+        preset: Preset::Tiny,
+        format: None,
+        seed: 1,
+        config_only: true,
+    };
+    synthesize(dir.path(), &options, &mut |_, _| {}).unwrap();
+    dir
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub client: reqwest::Client,
+    pub dir: tempfile::TempDir,
+    pub node: FakeNodeConfig,
+    pub tokenizer: ModelTokenizer,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+pub fn router_config(max_num_seqs: usize, max_waiting: usize) -> RouterConfig {
+    RouterConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs,
+            max_num_batched_tokens: 256,
+            max_model_len: 256,
+            enable_chunked_prefill: true,
+        },
+        max_waiting,
+    }
+}
+
+pub async fn start_with(node: FakeNodeConfig, nodes: usize, router: RouterConfig) -> TestServer {
+    let list: Vec<Box<dyn AttentionNode>> = (0..nodes)
+        .map(|_| Box::new(FakeNode::new(node.clone())) as Box<dyn AttentionNode>)
+        .collect();
+    start_nodes(node, list, router).await
+}
+
+pub async fn start_nodes(
+    node: FakeNodeConfig,
+    nodes: Vec<Box<dyn AttentionNode>>,
+    router: RouterConfig,
+) -> TestServer {
+    let dir = tiny_checkpoint();
+    let router = Router::start(router, nodes).unwrap();
+    let config = ServerConfig {
+        host: "127.0.0.1".into(),
+        port: 0,
+        model_dir: dir.path().to_path_buf(),
+        served_model_name: Some("tiny".into()),
+        ..Default::default()
+    };
+    let server = Server::bind(config, router, None).await.unwrap();
+    let addr = server.local_addr();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run_until(async {
+        let _ = rx.await;
+    }));
+    TestServer {
+        addr,
+        client: reqwest::Client::new(),
+        tokenizer: ModelTokenizer::load(dir.path()).unwrap(),
+        dir,
+        node,
+        shutdown: Some(tx),
+    }
+}
+
+pub async fn start() -> TestServer {
+    start_with(FakeNodeConfig::default(), 1, router_config(64, 256)).await
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .client
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let r = self.client.get(self.url(path)).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    /// The SSE events of a streaming request (the `data:` payloads, `[DONE]` included).
+    pub async fn stream(&self, path: &str, body: Value) -> Vec<String> {
+        let r = self
+            .client
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        parse_sse(&r.text().await.unwrap())
+    }
+
+    /// Greedy tokens the fake node produces for `prompt` alone.
+    pub fn expected(&self, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+        let sample = SampleRequest {
+            params: SamplingParams::greedy(),
+            penalties: Penalties::default(),
+            top_logprobs: 0,
+        };
+        let mut tokens = prompt.to_vec();
+        for _ in 0..max_tokens {
+            let t = FakeNode::next_token(&self.node, &tokens, prompt.len(), &sample);
+            tokens.push(t);
+        }
+        tokens[prompt.len()..].to_vec()
+    }
+
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        self.tokenizer.encode(text, true).unwrap()
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, true).unwrap()
+    }
+
+    /// A metric's value (first sample whose line starts with `prefix`).
+    pub async fn metric(&self, prefix: &str) -> Option<f64> {
+        let (_, text) = self.get("/metrics").await;
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// Polls a metric until `cond` holds (at most 10 s).
+    pub async fn wait_metric(&self, prefix: &str, cond: impl Fn(f64) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(v) = self.metric(prefix).await
+                && cond(v)
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {prefix}: {:?}",
+                self.metric(prefix).await
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+pub fn parse_sse(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|event| {
+            let data: Vec<&str> = event
+                .lines()
+                .filter_map(|l| {
+                    l.strip_prefix("data:")
+                        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                })
+                .collect();
+            (!data.is_empty()).then(|| data.join("\n"))
+        })
+        .collect()
+}
+
+/// The JSON chunks of a stream (everything before `[DONE]`), checking `[DONE]` is last.
+pub fn chunks(events: &[String]) -> Vec<Value> {
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect()
+}
+
+pub fn checkpoint_path(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().to_path_buf()
+}
+
+pub fn script_node(text: &str, extra: &[u32]) -> FakeNodeConfig {
+    let mut script: Vec<u32> = text.bytes().map(u32::from).collect();
+    script.extend_from_slice(extra);
+    FakeNodeConfig {
+        script: Some(script),
+        ..Default::default()
+    }
+}
+
+pub fn shared<T>(v: T) -> Arc<T> {
+    Arc::new(v)
+}
