@@ -259,7 +259,8 @@ pub struct EmbeddedCluster {
     /// The assignments the cards hold.
     pub assignments: Vec<CardAssignment>,
     runtime: tokio::runtime::Runtime,
-    nodes: Vec<DisaggregatedNode>,
+    /// Behind a mutex only so the cluster can be shared (its stats) once the nodes are taken.
+    nodes: std::sync::Mutex<Vec<DisaggregatedNode>>,
 }
 
 impl std::fmt::Debug for EmbeddedCluster {
@@ -385,13 +386,13 @@ impl EmbeddedCluster {
             cards,
             assignments,
             runtime,
-            nodes,
+            nodes: std::sync::Mutex::new(nodes),
         })
     }
 
     /// The attention nodes (the caller owns them from now on; the cluster keeps the cards).
     pub fn take_nodes(&mut self) -> Vec<DisaggregatedNode> {
-        std::mem::take(&mut self.nodes)
+        std::mem::take(self.nodes.get_mut().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Every card's statistics.

@@ -86,6 +86,10 @@ impl DisaggregatedNode {
             for (r, row) in rows.iter().enumerate() {
                 let props: Vec<Proposal> = proposals.iter().map(|p| p[r].clone()).collect();
                 let seq = batch.entries[row.entry].seq;
+                if self.collect_logits {
+                    fallback.push(r);
+                    continue;
+                }
                 match merge_row(&props, &row.request, row.position, k) {
                     MergeOutcome::Done(t) => {
                         sampled.insert(
@@ -251,6 +255,9 @@ impl DisaggregatedNode {
                 }
                 let row = &rows[r];
                 let entry = &batch.entries[row.entry];
+                if self.collect_logits {
+                    self.logits.push((entry.seq, logits.clone()));
+                }
                 let history = self.histories.entry(entry.seq).or_default();
                 sampled.insert(
                     row.entry,

@@ -159,6 +159,9 @@ pub struct DisaggregatedNode {
     step_counter: u64,
     stats: NodeStats,
     trace: Trace,
+    /// When set, every sampled row goes through the full-logits path and its logits are kept.
+    collect_logits: bool,
+    logits: Vec<(SeqId, Vec<f32>)>,
 }
 
 impl std::fmt::Debug for DisaggregatedNode {
@@ -227,6 +230,8 @@ impl DisaggregatedNode {
             fabric,
             step_counter: 0,
             stats: NodeStats::default(),
+            collect_logits: false,
+            logits: Vec::new(),
         })
     }
 
@@ -243,6 +248,17 @@ impl DisaggregatedNode {
     /// Bytes sent to and received from the cards.
     pub fn traffic(&self) -> (u64, u64) {
         self.fabric.traffic()
+    }
+
+    /// Verification mode: gather every sampled row's full logits (slower) and keep them for
+    /// [`Self::take_logits`].
+    pub fn collect_logits(&mut self, on: bool) {
+        self.collect_logits = on;
+    }
+
+    /// Logits gathered since the last call, `(sequence, [vocab])`, in sampling order.
+    pub fn take_logits(&mut self) -> Vec<(SeqId, Vec<f32>)> {
+        std::mem::take(&mut self.logits)
     }
 
     /// Per-layer spans recorded since the last call (empty unless tracing is on).

@@ -1,11 +1,16 @@
-//! `afd generate`: one prompt in, one JSON object out.
+//! `afd generate`: one prompt in, one JSON object out, through the disaggregated pipeline
+//! (`--cards N`) or the monolithic reference (`--reference`).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use model::generate::{GenerationRequest, generate};
+use deploy::cluster::EmbeddedCluster;
+use gpu_attention::node::chrome_trace;
+use model::generate::{Generation, GenerationRequest, generate};
 use model::sampling::SamplingParams;
 use model::{ModelTokenizer, ModelWeights, ReferenceModel};
+
+use crate::cluster_args::ClusterArgs;
 
 /// Generate a continuation of one prompt and print `{prompt_ids, output_ids, text}` as JSON.
 #[derive(Debug, clap::Args)]
@@ -13,16 +18,12 @@ pub struct GenerateArgs {
     /// Checkpoint folder (Hugging Face layout).
     #[arg(long)]
     model: PathBuf,
-    /// Run the monolithic reference forward (the whole model in this process).
+    /// Run the monolithic reference forward (the whole model in this process) instead of the
+    /// disaggregated pipeline.
     #[arg(long)]
     reference: bool,
     /// Prompt as comma-separated token ids.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        conflicts_with = "prompt",
-        required_unless_present = "prompt"
-    )]
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompt", required_unless_present = "prompt")]
     prompt_ids: Vec<u32>,
     /// Prompt as text (needs the checkpoint's tokenizer.json).
     #[arg(long)]
@@ -48,21 +49,16 @@ pub struct GenerateArgs {
     /// Keep generating after an end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
+    #[command(flatten)]
+    cluster: ClusterArgs,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    if !args.reference {
-        bail!(
-            "only --reference is available so far: the disaggregated path (--cards N) arrives with \
-             the pipeline; run `afd generate --model {} --reference ...`",
-            args.model.display()
-        );
-    }
-    if !(0.0..=2.0).contains(&args.temperature)
-        || !(0.0..=1.0).contains(&args.top_p)
-        || args.top_p == 0.0
-    {
+    if !(0.0..=2.0).contains(&args.temperature) || !(0.0..=1.0).contains(&args.top_p) || args.top_p == 0.0 {
         bail!("--temperature must be in [0, 2] and --top-p in (0, 1]");
+    }
+    if !(0.0..=1.0).contains(&args.min_p) {
+        bail!("--min-p must be in [0, 1]");
     }
     let tokenizer = ModelTokenizer::load(&args.model);
     let prompt_ids = match &args.prompt {
@@ -73,14 +69,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             .context("tokenizing --prompt")?,
         None => args.prompt_ids.clone(),
     };
-    let weights = ModelWeights::load(&args.model)
-        .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;
+    let config = model::ModelConfig::from_file(&args.model.join("config.json"))
+        .with_context(|| format!("reading the checkpoint in {}", args.model.display()))?;
     let stop_token_ids = match (&tokenizer, args.ignore_eos) {
         (_, true) => Vec::new(),
         (Ok(t), false) => t.eos_token_ids.clone(),
-        (Err(_), false) => weights.config.eos_token_ids.clone(),
+        (Err(_), false) => config.eos_token_ids.clone(),
     };
-    let mut model = ReferenceModel::new(weights)?;
     let request = GenerationRequest {
         prompt: prompt_ids.clone(),
         max_tokens: args.max_tokens,
@@ -93,9 +88,14 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         },
         stop_token_ids,
     };
-    let generation = generate(&mut model, std::slice::from_ref(&request), 0)?
-        .pop()
-        .context("the generator returned no sequence")?;
+    let generation = if args.reference {
+        let weights = ModelWeights::load(&args.model)
+            .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;
+        let mut model = ReferenceModel::new(weights)?;
+        first(generate(&mut model, std::slice::from_ref(&request), 0)?)?
+    } else {
+        disaggregated(&args, &request)?
+    };
     let text = match &tokenizer {
         Ok(t) => Some(t.decode(&generation.output_ids, false)?),
         Err(_) => None,
@@ -108,4 +108,27 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     });
     println!("{out}");
     Ok(())
+}
+
+fn first(mut generations: Vec<Generation>) -> anyhow::Result<Generation> {
+    generations.pop().context("the generator returned no sequence")
+}
+
+fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Result<Generation> {
+    let config = args.cluster.config(args.model.clone());
+    let mut cluster = EmbeddedCluster::start(&config, &mut |_| {})
+        .with_context(|| format!("starting {} cards for {}", config.cards, args.model.display()))?;
+    let mut node = cluster
+        .take_nodes()
+        .pop()
+        .context("the cluster started no attention node")?;
+    let result = gpu_attention::driver::generate(&mut node, std::slice::from_ref(request), 0)
+        .context("generating through the cards")?;
+    if let Some(path) = &args.cluster.trace {
+        let json = chrome_trace(&node.take_trace());
+        std::fs::write(path, serde_json::to_string(&json)?)
+            .with_context(|| format!("writing the trace to {}", path.display()))?;
+        eprintln!("wrote a Chrome trace to {} (open it in chrome://tracing or ui.perfetto.dev)", path.display());
+    }
+    first(result)
 }

@@ -4,6 +4,7 @@
 //! `run(args) -> anyhow::Result<()>`. This file only parses the command line and dispatches.
 
 mod certs;
+mod cluster_args;
 mod generate;
 mod synth;
 

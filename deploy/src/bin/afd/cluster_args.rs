@@ -1,0 +1,68 @@
+//! Command-line settings of a disaggregated deployment, shared by `generate`, `verify` and
+//! `serve` (the same keys as deployment files).
+
+use std::path::PathBuf;
+
+use corsair_ffn::FormatChoice;
+use deploy::cluster::{ClusterConfig, TransportKind};
+use gpu_attention::MicroBatches;
+use gpu_attention::kv_cache::KvCacheConfig;
+use proto::data::WireDtype;
+
+/// How the cards and attention nodes are set up.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterArgs {
+    /// Number of simulated Corsair cards.
+    #[arg(long, default_value_t = 2)]
+    pub cards: usize,
+    /// Data plane between attention node and cards: quic (loopback, mutual TLS) or inproc.
+    #[arg(long, default_value = "quic")]
+    pub transport: TransportKind,
+    /// Weight format on the cards: as-stored, bf16, mxfp4 or mxint8.
+    #[arg(long, default_value = "as-stored")]
+    pub format: FormatChoice,
+    /// Let expert weights that do not fit in SRAM stream from LPDDR (modeled cost).
+    #[arg(long)]
+    pub allow_spill: bool,
+    /// Micro-batches per step: 1, 2, or auto (2 when there are 2+ sequences).
+    #[arg(long, default_value = "auto")]
+    pub micro_batches: MicroBatches,
+    /// Dtype of hidden states on the wire: f32 (exact) or bf16.
+    #[arg(long, default_value = "f32")]
+    pub wire_dtype: WireDtype,
+    /// Most tokens in one step (vLLM's max_num_batched_tokens).
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// KV cache memory of each attention node, in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub kv_cache_memory: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Executor threads per card (0: every core).
+    #[arg(long, default_value_t = 1)]
+    pub card_threads: usize,
+    /// Write a Chrome trace of the attention node's per-layer spans to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+}
+
+impl ClusterArgs {
+    /// The deployment for `model`.
+    pub fn config(&self, model: PathBuf) -> ClusterConfig {
+        let mut c = ClusterConfig::new(model, self.cards);
+        c.transport = self.transport;
+        c.weight_format = self.format;
+        c.allow_spill = self.allow_spill;
+        c.card_threads = self.card_threads;
+        c.node.micro_batches = self.micro_batches;
+        c.node.wire_dtype = self.wire_dtype;
+        c.node.max_tokens = self.max_num_batched_tokens;
+        c.node.kv = KvCacheConfig {
+            block_size: self.block_size,
+            memory_bytes: self.kv_cache_memory << 20,
+        };
+        c.node.trace = self.trace.is_some();
+        c
+    }
+}
