@@ -7,6 +7,7 @@ mod certs;
 mod cluster_args;
 mod generate;
 mod synth;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +30,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Write a random checkpoint in Hugging Face layout.
     Synth(synth::SynthArgs),
+    /// Compare the disaggregated pipeline with the reference: token agreement, largest logit difference.
+    Verify(verify::VerifyArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,5 +40,6 @@ fn main() -> anyhow::Result<()> {
         Command::Certs(args) => certs::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Synth(args) => synth::run(args),
+        Command::Verify(args) => verify::run(args),
     }
 }
