@@ -135,15 +135,13 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
         let mut max_diff = 0f32;
         let mut matched = 0;
         for (s, (a, b)) in ref_tokens.iter().zip(&got.output_ids).enumerate() {
-            if same_prefix {
-                if let Some((_, l)) = logits.get(s) {
-                    let d = ref_logits[s]
-                        .iter()
-                        .zip(l)
-                        .map(|(x, y)| (x - y).abs())
-                        .fold(0f32, f32::max);
-                    max_diff = max_diff.max(d);
-                }
+            if same_prefix && let Some((_, l)) = logits.get(s) {
+                let d = ref_logits[s]
+                    .iter()
+                    .zip(l)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                max_diff = max_diff.max(d);
             }
             if a == b {
                 matched += 1;
