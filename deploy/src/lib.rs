@@ -8,5 +8,6 @@
 
 pub mod cluster;
 pub mod error;
+pub mod remote;
 
 pub use error::{Error, Result};

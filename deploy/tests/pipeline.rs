@@ -75,3 +75,93 @@ fn greedy_tokens_match_transformers_for_every_fixture_card_count_and_transport()
         }
     }
 }
+
+fn generate(
+    dir: &Path,
+    cards: usize,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    sampling: SamplingParams,
+) -> Vec<Vec<u32>> {
+    let mut c = cluster(dir, cards, TransportKind::Inproc);
+    let mut node = c.take_nodes().remove(0);
+    let requests: Vec<GenerationRequest> = prompts
+        .iter()
+        .map(|p| GenerationRequest {
+            prompt: p.clone(),
+            max_tokens,
+            sampling,
+            stop_token_ids: vec![],
+        })
+        .collect();
+    driver::generate(&mut node, &requests, 0)
+        .unwrap()
+        .into_iter()
+        .map(|g| g.output_ids)
+        .collect()
+}
+
+fn eight_prompts() -> Vec<Vec<u32>> {
+    (0..8u32)
+        .map(|i| (0..(1 + i * 5)).map(|j| (j * 37 + i * 11) % 250).collect())
+        .collect()
+}
+
+#[test]
+fn a_sequence_gets_the_same_tokens_alone_and_in_a_batch_of_eight() {
+    let dir = fixtures()
+        .into_iter()
+        .find(|d| d.ends_with("gpt-oss-bf16"))
+        .unwrap();
+    let prompts = eight_prompts();
+    let batched = generate(&dir, 3, &prompts, 10, SamplingParams::greedy());
+    for i in [0, 3, 7] {
+        let alone = generate(
+            &dir,
+            3,
+            std::slice::from_ref(&prompts[i]),
+            10,
+            SamplingParams::greedy(),
+        );
+        assert_eq!(alone[0], batched[i], "sequence {i}");
+    }
+}
+
+#[test]
+fn seeded_sampling_gives_the_same_tokens_for_every_card_count() {
+    for name in ["gpt-oss-mxfp4", "qwen3-moe"] {
+        let dir = fixtures().into_iter().find(|d| d.ends_with(name)).unwrap();
+        let prompts = eight_prompts();
+        let sampling = SamplingParams {
+            temperature: 0.9,
+            seed: 42,
+            top_k: 20,
+            ..Default::default()
+        };
+        let one = generate(&dir, 1, &prompts, 8, sampling);
+        for cards in [2, 3, 4] {
+            assert_eq!(
+                generate(&dir, cards, &prompts, 8, sampling),
+                one,
+                "{name}: {cards} cards"
+            );
+        }
+        // The same as the reference's sampler.
+        let mut m = model::ReferenceModel::new(model::ModelWeights::load(&dir).unwrap()).unwrap();
+        let requests: Vec<GenerationRequest> = prompts
+            .iter()
+            .map(|p| GenerationRequest {
+                prompt: p.clone(),
+                max_tokens: 8,
+                sampling,
+                stop_token_ids: vec![],
+            })
+            .collect();
+        let reference: Vec<Vec<u32>> = model::generate::generate(&mut m, &requests, 0)
+            .unwrap()
+            .into_iter()
+            .map(|g| g.output_ids)
+            .collect();
+        assert_eq!(one, reference, "{name}");
+    }
+}

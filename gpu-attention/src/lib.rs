@@ -14,6 +14,7 @@ pub mod kv_cache;
 pub mod merge;
 pub mod monolithic;
 pub mod node;
+pub mod remote;
 pub mod sampler;
 pub mod step;
 

@@ -9,7 +9,7 @@ use gpu_attention::MicroBatches;
 use gpu_attention::kv_cache::KvCacheConfig;
 use proto::data::WireDtype;
 
-/// How the cards and attention nodes are set up.
+/// How the cards and attention nodes are set up (embedded deployments).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClusterArgs {
     /// Number of simulated Corsair cards.
@@ -18,6 +18,16 @@ pub struct ClusterArgs {
     /// Data plane between attention node and cards: quic (loopback, mutual TLS) or inproc.
     #[arg(long, default_value = "quic")]
     pub transport: TransportKind,
+    /// Executor threads per card (0: every core).
+    #[arg(long, default_value_t = 1)]
+    pub card_threads: usize,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// Attention-node and shard settings, for embedded and multi-process deployments alike.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodeArgs {
     /// Weight format on the cards: as-stored, bf16, mxfp4 or mxint8.
     #[arg(long, default_value = "as-stored")]
     pub format: FormatChoice,
@@ -39,9 +49,9 @@ pub struct ClusterArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
-    /// Executor threads per card (0: every core).
-    #[arg(long, default_value_t = 1)]
-    pub card_threads: usize,
+    /// Seconds to wait for a card's reply before failing the step.
+    #[arg(long, default_value_t = 30.0)]
+    pub reply_timeout: f64,
     /// Write a Chrome trace of the attention node's per-layer spans to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -50,11 +60,25 @@ pub struct ClusterArgs {
 impl ClusterArgs {
     /// The deployment for `model`.
     pub fn config(&self, model: PathBuf) -> ClusterConfig {
-        let mut c = ClusterConfig::new(model, self.cards);
+        let mut c = self.node.config(model, self.cards);
         c.transport = self.transport;
+        c.card_threads = self.card_threads;
+        c
+    }
+
+    /// The trace file, if any.
+    pub fn trace(&self) -> Option<&PathBuf> {
+        self.node.trace.as_ref()
+    }
+}
+
+impl NodeArgs {
+    /// The deployment for `model` on `cards` cards.
+    pub fn config(&self, model: PathBuf, cards: usize) -> ClusterConfig {
+        let mut c = ClusterConfig::new(model, cards);
         c.weight_format = self.format;
         c.allow_spill = self.allow_spill;
-        c.card_threads = self.card_threads;
+        c.node.reply_timeout = std::time::Duration::from_secs_f64(self.reply_timeout.max(0.001));
         c.node.micro_batches = self.micro_batches;
         c.node.wire_dtype = self.wire_dtype;
         c.node.max_tokens = self.max_num_batched_tokens;

@@ -23,7 +23,12 @@ pub struct GenerateArgs {
     #[arg(long)]
     reference: bool,
     /// Prompt as comma-separated token ids.
-    #[arg(long, value_delimiter = ',', conflicts_with = "prompt", required_unless_present = "prompt")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "prompt",
+        required_unless_present = "prompt"
+    )]
     prompt_ids: Vec<u32>,
     /// Prompt as text (needs the checkpoint's tokenizer.json).
     #[arg(long)]
@@ -54,7 +59,10 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    if !(0.0..=2.0).contains(&args.temperature) || !(0.0..=1.0).contains(&args.top_p) || args.top_p == 0.0 {
+    if !(0.0..=2.0).contains(&args.temperature)
+        || !(0.0..=1.0).contains(&args.top_p)
+        || args.top_p == 0.0
+    {
         bail!("--temperature must be in [0, 2] and --top-p in (0, 1]");
     }
     if !(0.0..=1.0).contains(&args.min_p) {
@@ -111,24 +119,34 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 }
 
 fn first(mut generations: Vec<Generation>) -> anyhow::Result<Generation> {
-    generations.pop().context("the generator returned no sequence")
+    generations
+        .pop()
+        .context("the generator returned no sequence")
 }
 
 fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Result<Generation> {
     let config = args.cluster.config(args.model.clone());
-    let mut cluster = EmbeddedCluster::start(&config, &mut |_| {})
-        .with_context(|| format!("starting {} cards for {}", config.cards, args.model.display()))?;
+    let mut cluster = EmbeddedCluster::start(&config, &mut |_| {}).with_context(|| {
+        format!(
+            "starting {} cards for {}",
+            config.cards,
+            args.model.display()
+        )
+    })?;
     let mut node = cluster
         .take_nodes()
         .pop()
         .context("the cluster started no attention node")?;
     let result = gpu_attention::driver::generate(&mut node, std::slice::from_ref(request), 0)
         .context("generating through the cards")?;
-    if let Some(path) = &args.cluster.trace {
+    if let Some(path) = args.cluster.trace() {
         let json = chrome_trace(&node.take_trace());
         std::fs::write(path, serde_json::to_string(&json)?)
             .with_context(|| format!("writing the trace to {}", path.display()))?;
-        eprintln!("wrote a Chrome trace to {} (open it in chrome://tracing or ui.perfetto.dev)", path.display());
+        eprintln!(
+            "wrote a Chrome trace to {} (open it in chrome://tracing or ui.perfetto.dev)",
+            path.display()
+        );
     }
     first(result)
 }

@@ -3,6 +3,8 @@
 //! Each subcommand lives in its own module beside this file: an `Args` struct (clap) and a
 //! `run(args) -> anyhow::Result<()>`. This file only parses the command line and dispatches.
 
+mod attention;
+mod card;
 mod certs;
 mod cluster_args;
 mod generate;
@@ -24,6 +26,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run one attention node against running card processes (multi-process deployments).
+    Attention(attention::AttentionArgs),
+    /// Run one simulated Corsair card (multi-process deployments).
+    Card(card::CardArgs),
     /// Make the cluster CA and node certificates for JetStream's mutual TLS.
     Certs(certs::CertsArgs),
     /// Generate from one prompt and print {prompt_ids, output_ids, text} as JSON.
@@ -37,6 +43,8 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Attention(args) => attention::run(args),
+        Command::Card(args) => card::run(args),
         Command::Certs(args) => certs::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Synth(args) => synth::run(args),

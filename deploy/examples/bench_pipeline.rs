@@ -1,0 +1,166 @@
+//! TPOT of the disaggregated pipeline (4 cards, QUIC and in-process) against the monolithic
+//! reference on the same checkpoint, at batch 1 and 32, and micro-batch overlap on against off,
+//! side by side in one run. Prints the cards' modeled Corsair time per step beside the wall time.
+//!
+//! ```sh
+//! cargo run --release --bin afd -- synth --family gpt-oss --preset medium --format mxfp4 --out /tmp/gpt-oss-medium
+//! cargo run --release -p deploy --example bench_pipeline -- /tmp/gpt-oss-medium
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use deploy::cluster::{ClusterConfig, EmbeddedCluster, TransportKind};
+use gpu_attention::kv_cache::KvCacheConfig;
+use gpu_attention::{
+    AttentionNode, KvCapacity, MicroBatches, MonolithicNode, SampleRequest, StepBatch, StepEntry,
+};
+use model::sampling::SamplingParams;
+use model::{ModelWeights, ReferenceModel};
+
+const PROMPT: usize = 32;
+const STEPS: usize = 12;
+
+/// Seconds per decode step for `batch` sequences (prefill excluded).
+fn tpot(node: &mut dyn AttentionNode, batch: usize) -> f64 {
+    let bs = node.kv_capacity().block_size;
+    let blocks = (PROMPT + STEPS + 1).div_ceil(bs);
+    let request = SampleRequest {
+        params: SamplingParams::greedy(),
+        penalties: Default::default(),
+        top_logprobs: 0,
+    };
+    let entry = |i: usize, tokens: Vec<u32>, start: usize| StepEntry {
+        seq: i as u64,
+        tokens,
+        start,
+        prompt_len: PROMPT,
+        block_table: ((i * blocks) as u32..((i + 1) * blocks) as u32).collect(),
+        sample: Some(request),
+    };
+    let prompts: Vec<StepEntry> = (0..batch)
+        .map(|i| {
+            entry(
+                i,
+                (0..PROMPT as u32)
+                    .map(|t| (t * 31 + i as u32 * 7) % 300)
+                    .collect(),
+                0,
+            )
+        })
+        .collect();
+    let mut last: Vec<u32> = node
+        .step(&StepBatch { entries: prompts })
+        .expect("prefill")
+        .sampled
+        .iter()
+        .map(|t| t.token)
+        .collect();
+    let start = Instant::now();
+    for s in 0..STEPS {
+        let entries = (0..batch)
+            .map(|i| entry(i, vec![last[i]], PROMPT + s))
+            .collect();
+        last = node
+            .step(&StepBatch { entries })
+            .expect("decode")
+            .sampled
+            .iter()
+            .map(|t| t.token)
+            .collect();
+    }
+    let t = start.elapsed().as_secs_f64() / STEPS as f64;
+    node.free(&(0..batch as u64).collect::<Vec<_>>())
+        .expect("free");
+    t
+}
+
+struct Afd {
+    cluster: EmbeddedCluster,
+    node: gpu_attention::DisaggregatedNode,
+}
+
+fn afd(model: &Path, transport: TransportKind, micro_batches: MicroBatches) -> Afd {
+    let mut config = ClusterConfig::new(model, 4);
+    config.transport = transport;
+    config.node.micro_batches = micro_batches;
+    config.node.max_tokens = 32 * PROMPT;
+    config.node.kv = KvCacheConfig {
+        block_size: 16,
+        memory_bytes: 256 << 20,
+    };
+    let mut cluster = EmbeddedCluster::start(&config, &mut |_| {}).expect("start the cluster");
+    let node = cluster.take_nodes().remove(0);
+    Afd { cluster, node }
+}
+
+/// Modeled Corsair seconds per step over a run: the slowest card's (cards run in parallel).
+fn modeled_per_step(a: &Afd, before: &[f64], steps: f64) -> f64 {
+    a.cluster
+        .card_stats()
+        .iter()
+        .zip(before)
+        .map(|(s, b)| (s.modeled_seconds - b) / steps)
+        .fold(0.0, f64::max)
+}
+
+fn modeled(a: &Afd) -> Vec<f64> {
+    a.cluster
+        .card_stats()
+        .iter()
+        .map(|s| s.modeled_seconds)
+        .collect()
+}
+
+fn main() {
+    let model: PathBuf = std::env::args()
+        .nth(1)
+        .expect("usage: bench_pipeline CHECKPOINT_DIR (a medium GPT-OSS synthetic checkpoint)")
+        .into();
+    let weights = ModelWeights::load(&model).expect("load the checkpoint");
+    let capacity = KvCacheConfig {
+        block_size: 16,
+        memory_bytes: 256 << 20,
+    }
+    .capacity(&weights.config);
+    let capacity = KvCapacity {
+        block_size: capacity.block_size,
+        num_blocks: capacity.num_blocks,
+    };
+    let mut mono = MonolithicNode::new(ReferenceModel::new(weights).expect("reference"), capacity);
+    let mut quic = afd(&model, TransportKind::Quic, MicroBatches::Auto);
+    let mut inproc = afd(&model, TransportKind::Inproc, MicroBatches::Auto);
+    let mut no_overlap = afd(&model, TransportKind::Quic, MicroBatches::One);
+    println!(
+        "checkpoint {}; 4 cards; prompt {PROMPT} tokens; {STEPS} decode steps per point",
+        model.display()
+    );
+    for batch in [1usize, 32] {
+        // Interleave so that machine noise hits every configuration alike.
+        let m = tpot(&mut mono, batch);
+        let before = modeled(&quic);
+        let q = tpot(&mut quic.node, batch);
+        // The prefill step is in the modeled total too; count it as one more step.
+        let q_model = modeled_per_step(&quic, &before, (STEPS + 1) as f64);
+        let i = tpot(&mut inproc.node, batch);
+        println!(
+            "batch {batch:>2}: TPOT monolithic {:7.2} ms | AFD quic {:7.2} ms ({:.2}x) | AFD inproc {:7.2} ms ({:.2}x) | modeled Corsair {:6.3} ms/step",
+            m * 1e3,
+            q * 1e3,
+            q / m,
+            i * 1e3,
+            i / m,
+            q_model * 1e3
+        );
+        if batch == 32 {
+            let off = tpot(&mut no_overlap.node, batch);
+            let on = tpot(&mut quic.node, batch);
+            println!(
+                "batch 32: overlap on {:7.2} ms/step, off {:7.2} ms/step: overlap gives {:.2}x the throughput",
+                on * 1e3,
+                off * 1e3,
+                off / on
+            );
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Reaching cards that run as their own processes (`afd card`), through their gRPC control
+//! plane, and connecting an attention node to them.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use corsair_ffn::{PlacementOptions, plan_placement};
+use gpu_attention::DisaggregatedNode;
+use jetstream::{NodeIdentity, QuicConfig, QuicTransport};
+use model::ModelConfig;
+use model::weights::{ExpertFilter, LoadOptions};
+use proto::control::card_client::CardClient;
+use proto::control::{LoadShardReply, LoadShardRequest};
+
+use crate::cluster::{
+    CardControl, ClusterConfig, NodeTransport, attention_name, connect_node, fingerprint,
+};
+use crate::error::{Error, Result};
+
+/// A card process, reached over gRPC.
+pub struct GrpcCard {
+    index: usize,
+    address: String,
+    client: CardClient<tonic::transport::Channel>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for GrpcCard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcCard")
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+/// `host:port` or a full URL, as a gRPC endpoint URL.
+pub fn grpc_url(address: &str) -> String {
+    if address.starts_with("http://") || address.starts_with("https://") {
+        address.to_owned()
+    } else {
+        format!("http://{address}")
+    }
+}
+
+impl GrpcCard {
+    /// Connects to card `index` at `address` (from a plain thread).
+    pub fn connect(index: usize, address: &str, runtime: tokio::runtime::Handle) -> Result<Self> {
+        let url = grpc_url(address);
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(url.clone()).map_err(|e| Error::Card {
+                card: index,
+                message: format!("bad address {address}: {e}"),
+            })?;
+        let client = runtime
+            .block_on(CardClient::connect(endpoint))
+            .map_err(|e| Error::Card {
+                card: index,
+                message: format!(
+                    "cannot reach the card at {url}: {e}; is `afd card --id {index}` running there?"
+                ),
+            })?;
+        Ok(GrpcCard {
+            index,
+            address: url,
+            client,
+            runtime,
+        })
+    }
+}
+
+impl CardControl for GrpcCard {
+    fn load_shard(&self, request: LoadShardRequest) -> Result<LoadShardReply> {
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.load_shard(request))
+            .map(|r| r.into_inner())
+            .map_err(|s| Error::Card {
+                card: self.index,
+                message: s.message().to_owned(),
+            })
+    }
+}
+
+/// Connects attention node `id` (JetStream name `attn-<id>`, identity from `certs`) to the
+/// card processes at `card_addresses` and returns it. The node's QUIC endpoint listens on
+/// `data_listen`.
+pub fn connect_remote_node(
+    config: &ClusterConfig,
+    id: usize,
+    card_addresses: &[String],
+    certs: &Path,
+    data_listen: std::net::SocketAddr,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<DisaggregatedNode> {
+    let model = ModelConfig::from_file(&config.model.join("config.json"))?;
+    let print = fingerprint(&config.model)?;
+    let assignments = plan_placement(
+        &model,
+        &PlacementOptions {
+            cards: card_addresses.len(),
+            replicas: config.replicas.clone(),
+        },
+    )
+    .map_err(|e| Error::Config(e.to_string()))?;
+    let cards: Vec<GrpcCard> = card_addresses
+        .iter()
+        .enumerate()
+        .map(|(i, a)| GrpcCard::connect(i, a, runtime.handle().clone()))
+        .collect::<Result<_>>()?;
+    let identity = NodeIdentity::read_pem(certs, &attention_name(id))?;
+    let transport = {
+        let _guard = runtime.enter();
+        Arc::new(QuicTransport::bind(QuicConfig::new(identity, data_listen))?)
+    };
+    let weights = model::ModelWeights::load_with(
+        &config.model,
+        &LoadOptions {
+            experts: ExpertFilter::None,
+        },
+    )?;
+    let controls: Vec<&dyn CardControl> = cards.iter().map(|c| c as &dyn CardControl).collect();
+    connect_node(
+        config,
+        &model,
+        &weights,
+        &print,
+        &assignments,
+        &controls,
+        NodeTransport::Quic(transport),
+        runtime.handle().clone(),
+    )
+}

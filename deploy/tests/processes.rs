@@ -1,0 +1,234 @@
+//! Multi-process deployment on loopback: `afd card` processes, an `afd attention` process, and
+//! a router-side `RemoteNode` driving it; a card killed mid-generation gives a clear error, and
+//! a card started with the wrong model or shard is refused at load.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use gpu_attention::driver;
+use gpu_attention::remote::RemoteNode;
+use model::generate::GenerationRequest;
+use model::sampling::SamplingParams;
+
+const AFD: &str = env!("CARGO_BIN_EXE_afd");
+
+/// Kills its process when dropped, so no test leaves one behind.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures")
+        .join(name)
+}
+
+fn certs(dir: &Path, cards: usize) {
+    let mut nodes = vec!["attn-0".to_owned()];
+    nodes.extend((0..cards).map(|i| format!("card-{i}")));
+    let out = Command::new(AFD)
+        .args(["certs", "--out"])
+        .arg(dir)
+        .args(["--nodes", &nodes.join(",")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "afd certs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn card(id: usize, port: u16, certs: &Path, model: Option<&Path>) -> Proc {
+    let mut cmd = Command::new(AFD);
+    cmd.args([
+        "card",
+        "--id",
+        &id.to_string(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--certs",
+    ])
+    .arg(certs)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    if let Some(m) = model {
+        cmd.arg("--model").arg(m);
+    }
+    Proc(cmd.spawn().unwrap())
+}
+
+fn attention_cmd(cards: &[u16], port: u16, certs: &Path, model: &Path) -> Command {
+    let list: Vec<String> = cards.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut cmd = Command::new(AFD);
+    cmd.args([
+        "attention",
+        "--cards",
+        &list.join(","),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--model",
+    ])
+    .arg(model)
+    .arg("--certs")
+    .arg(certs)
+    .args(["--reply-timeout", "3"]);
+    cmd
+}
+
+/// Waits for the card processes' control planes to accept connections.
+fn wait_for_ports(ports: &[u16]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for &p in ports {
+        while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
+            assert!(Instant::now() < deadline, "nothing listens on port {p}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn connect(port: u16, runtime: &tokio::runtime::Runtime) -> RemoteNode {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match RemoteNode::connect(
+            &format!("http://127.0.0.1:{port}"),
+            runtime.handle().clone(),
+        ) {
+            Ok(n) => return n,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "attention node never came up: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn expected(dir: &Path) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let ids = |x: &serde_json::Value| -> Vec<u32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    v["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (ids(&p["ids"]), ids(&p["output_ids"])))
+        .collect()
+}
+
+fn requests(cases: &[(Vec<u32>, Vec<u32>)]) -> Vec<GenerationRequest> {
+    cases
+        .iter()
+        .map(|(p, out)| GenerationRequest {
+            prompt: p.clone(),
+            max_tokens: out.len(),
+            sampling: SamplingParams::greedy(),
+            stop_token_ids: vec![],
+        })
+        .collect()
+}
+
+#[test]
+fn card_and_attention_processes_generate_and_a_dead_card_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), 2);
+    let model = fixture("gpt-oss-mxfp4");
+    let ports = [free_port(), free_port()];
+    let mut cards: Vec<Proc> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| card(i, p, dir.path(), None))
+        .collect();
+    wait_for_ports(&ports);
+    let attn_port = free_port();
+    let _attention = Proc(
+        attention_cmd(&ports, attn_port, dir.path(), &model)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut node = connect(attn_port, &runtime);
+    let cases = expected(&model);
+    let got = driver::generate(&mut node, &requests(&cases), 0).unwrap();
+    for (i, (g, (_, want))) in got.iter().zip(&cases).enumerate() {
+        assert_eq!(&g.output_ids, want, "prompt {i}");
+    }
+    // Kill card 1 and generate again: a clear error within the reply timeout, not a hang.
+    let started = Instant::now();
+    drop(cards.remove(1));
+    let err = driver::generate(&mut node, &requests(&cases[..1]), 100)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("card"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+fn failed_attention(cmd: &mut Command) -> String {
+    let out: Output = cmd.output().unwrap();
+    assert!(
+        !out.status.success(),
+        "the attention node should have refused to start"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_card_with_the_wrong_model_or_shard_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), 2);
+    // Card 0 holds another model.
+    let port = free_port();
+    let _card = card(0, port, dir.path(), Some(&fixture("mixtral")));
+    wait_for_ports(&[port]);
+    let err = failed_attention(&mut attention_cmd(
+        &[port],
+        free_port(),
+        dir.path(),
+        &fixture("qwen3-moe"),
+    ));
+    assert!(err.contains("different model"), "{err}");
+    // The card at the first address was started as card 1.
+    let port = free_port();
+    let _card = card(1, port, dir.path(), None);
+    wait_for_ports(&[port]);
+    let err = failed_attention(&mut attention_cmd(
+        &[port],
+        free_port(),
+        dir.path(),
+        &fixture("qwen3-moe"),
+    ));
+    assert!(err.contains("this is card 1"), "{err}");
+}
