@@ -309,3 +309,66 @@ fn an_expert_is_the_same_on_any_card_count() {
     assert!(outputs.windows(2).all(|w| w[0] == w[1]));
     assert!(outputs[0].iter().any(|&b| b != 0));
 }
+
+/// MXFP4 is the dequantized math exactly: a program over MXFP4 weights gives the same bits as
+/// a program over their dequantized f32 values.
+#[test]
+fn mxfp4_equals_its_dequantized_f32_twin() {
+    use corsair_ffn::synthetic::SyntheticLayer;
+    let cfg = gpt_oss_config(1, 3, 2, 1024 + 64, 160, 40);
+    let mxfp4 = SyntheticWeights::random(&cfg, WeightFormat::Mxfp4, 11, &|_, _| true);
+    let mut twin = mxfp4.clone();
+    for layer in &mut twin.layers {
+        if let SyntheticLayer::Moe(experts) = layer {
+            for mlp in experts.iter_mut().flatten() {
+                for lin in [&mut mlp.gate, &mut mlp.up, &mut mlp.down] {
+                    let w = &lin.weight;
+                    lin.weight = model::WeightMatrix::from_f32(w.rows(), w.cols(), &w.to_f32());
+                }
+            }
+        }
+    }
+    let profile = HardwareProfile::default();
+    let plan = plan_placement(
+        &cfg,
+        &PlacementOptions {
+            cards: 1,
+            replicas: vec![],
+        },
+    )
+    .unwrap();
+    let options = CompileOptions {
+        max_tokens: 4,
+        ..CompileOptions::default()
+    };
+    let mut rng = SplitMix::new(11, 4);
+    let x = random(4 * cfg.hidden_size, &mut rng);
+    let slots: Vec<Slot> = (0..4)
+        .flat_map(|t| {
+            [
+                Slot {
+                    expert: t % 3,
+                    weight: 0.7,
+                },
+                Slot {
+                    expert: (t + 1) % 3,
+                    weight: 0.3,
+                },
+            ]
+        })
+        .collect();
+    let mut outs = Vec::new();
+    for (weights, experts) in [(&mxfp4, TileFormat::Mxfp4), (&twin, TileFormat::F32)] {
+        let stored = StoredFormats {
+            experts,
+            ..StoredFormats::uniform(TileFormat::Bf16)
+        };
+        let program = compile(&cfg, &stored, &plan[0], &options, &profile)
+            .unwrap()
+            .program;
+        assert_eq!(program.matrices[0].format, experts);
+        let mut card = Card::new(program, weights, CardOptions::default()).unwrap();
+        outs.push(bits(&card.moe_layer(0, &x, &slots).unwrap()));
+    }
+    assert_eq!(outs[0], outs[1]);
+}

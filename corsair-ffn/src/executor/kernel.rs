@@ -180,3 +180,109 @@ fn portable(tile: &TileView<'_>, x: &[f32], x_stride: usize, tokens: usize, out:
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::assignment::Span;
+    use crate::format::{card_values, encode_row};
+    use crate::synthetic::{SplitMix, random_matrix};
+    use model::weights::WeightFormat;
+
+    /// Encodes `m` (all rows, all columns) as one tile in `format`.
+    fn tile_bytes(m: &model::WeightMatrix, format: TileFormat) -> Vec<u8> {
+        let (rows, cols) = (m.rows(), m.cols());
+        let (db, sb) = (format.data_bytes(cols), format.scale_bytes(cols));
+        let mut bytes = vec![0u8; rows * (db + sb)];
+        let (data, scales) = bytes.split_at_mut(rows * db);
+        for r in 0..rows {
+            let span = Span::new(0, cols);
+            encode_row(
+                m,
+                r,
+                span,
+                format,
+                0,
+                cols,
+                &mut data[r * db..(r + 1) * db],
+                &mut scales[r * sb..(r + 1) * sb],
+            );
+        }
+        bytes
+    }
+
+    #[test]
+    fn unit_inputs_read_back_the_exact_dequantized_weights_on_both_paths() {
+        let cases = [
+            (WeightFormat::Mxfp4, TileFormat::Mxfp4, 64),
+            (WeightFormat::Bf16, TileFormat::Bf16, 70),
+            (WeightFormat::F16, TileFormat::F16, 45),
+            (WeightFormat::F32, TileFormat::F32, 33),
+            (WeightFormat::Bf16, TileFormat::Mxint8, 96),
+            (WeightFormat::F32, TileFormat::Mxfp4, 40),
+        ];
+        for (stored, format, cols) in cases {
+            let mut rng = SplitMix::new(1, cols as u64);
+            let m = random_matrix(9, cols, stored, 0.5, &mut rng);
+            let bytes = tile_bytes(&m, format);
+            let view = TileView::new(format, 9, cols, &bytes);
+            let kp = crate::numerics::padded(cols);
+            for k in [0, 1, cols / 2, cols - 1] {
+                let mut e = vec![0f32; cols];
+                e[k] = 1.0;
+                let mut x = vec![0f32; kp];
+                pair_order(&e, &mut x);
+                for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+                    let mut out = vec![0f32; 9];
+                    tile_partials(&view, &x, kp, 1, &mut out, kernel);
+                    for (r, got) in out.iter().enumerate() {
+                        let want = card_values(&m, r, Span::new(0, cols), format)[k];
+                        // +0.0 + w: a -0.0 weight reads back as +0.0, as the definition says.
+                        assert_eq!(
+                            *got,
+                            want + 0.0,
+                            "{format} from {stored:?}, row {r}, column {k}"
+                        );
+                        if stored == WeightFormat::Mxfp4 {
+                            assert_eq!(*got, m.element(r, k) + 0.0, "MXFP4 dequantized value");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn both_paths_agree_on_random_tiles_and_token_counts() {
+        for (stored, format) in [
+            (WeightFormat::Bf16, TileFormat::Bf16),
+            (WeightFormat::Mxfp4, TileFormat::Mxfp4),
+            (WeightFormat::Bf16, TileFormat::Mxint8),
+            (WeightFormat::F32, TileFormat::F32),
+            (WeightFormat::F16, TileFormat::F16),
+        ] {
+            for (rows, cols, tokens) in [(1, 32, 1), (13, 1120, 5), (8, 544, 1), (21, 2080, 9)] {
+                let mut rng = SplitMix::new(7, (rows * cols + tokens) as u64);
+                let m = random_matrix(rows, cols, stored, 1.0, &mut rng);
+                let bytes = tile_bytes(&m, format);
+                let view = TileView::new(format, rows, cols, &bytes);
+                let kp = crate::numerics::padded(cols);
+                let mut x = vec![0f32; tokens * kp];
+                for t in 0..tokens {
+                    let row: Vec<f32> = (0..cols).map(|_| rng.symmetric()).collect();
+                    pair_order(&row, &mut x[t * kp..(t + 1) * kp]);
+                }
+                let n = tokens * rows * view.segments();
+                let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                tile_partials(&view, &x, kp, tokens, &mut a, KernelChoice::Auto);
+                tile_partials(&view, &x, kp, tokens, &mut b, KernelChoice::Portable);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&a),
+                    bits(&b),
+                    "{format}: {rows}x{cols}, {tokens} tokens"
+                );
+            }
+        }
+    }
+}
