@@ -225,7 +225,7 @@ impl std::fmt::Display for CardSummary {
         )?;
         writeln!(
             f,
-            "  SRAM: {} of {} ({:.1}%), transient pool {}",
+            "  SRAM: {} of {} ({:.2}%), transient pool {}",
             human_bytes(self.sram_used),
             human_bytes(self.sram_capacity),
             100.0 * self.sram_used as f64 / self.sram_capacity as f64,

@@ -7,6 +7,7 @@ mod attention;
 mod card;
 mod certs;
 mod cluster_args;
+mod compile;
 mod generate;
 mod synth;
 mod verify;
@@ -32,6 +33,8 @@ enum Command {
     Card(card::CardArgs),
     /// Make the cluster CA and node certificates for JetStream's mutual TLS.
     Certs(certs::CertsArgs),
+    /// Compile each card's share for the Corsair card: placement, SRAM use, spills, modeled time, sanitizer verdict.
+    Compile(compile::CompileArgs),
     /// Generate from one prompt and print {prompt_ids, output_ids, text} as JSON.
     Generate(generate::GenerateArgs),
     /// Write a random checkpoint in Hugging Face layout.
@@ -46,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         Command::Attention(args) => attention::run(args),
         Command::Card(args) => card::run(args),
         Command::Certs(args) => certs::run(args),
+        Command::Compile(args) => compile::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Verify(args) => verify::run(args),
