@@ -64,6 +64,8 @@ impl RouterStats {
 pub struct AfdStats {
     /// Modeled busy time of each card so far, in seconds (the card performance model).
     pub card_modeled_seconds: Vec<f64>,
+    /// Bytes moved over JetStream by each card so far, both directions.
+    pub jetstream_bytes_per_card: Vec<u64>,
     /// Bytes sent over JetStream per layer so far, both directions (dispatch and combine).
     pub jetstream_bytes_per_layer: Vec<u64>,
     /// Token-expert assignments routed to each card so far (expert load per card).

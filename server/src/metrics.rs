@@ -397,6 +397,13 @@ impl Metrics {
                 self.gauge("afd_card_modeled_seconds", &[("card", card.to_string())])
                     .set(*s);
             }
+            for (card, b) in afd.jetstream_bytes_per_card.iter().enumerate() {
+                self.counter(
+                    "afd_card_jetstream_bytes_total",
+                    &[("card", card.to_string())],
+                )
+                .absolute(*b);
+            }
             for (layer, b) in afd.jetstream_bytes_per_layer.iter().enumerate() {
                 self.counter("afd_jetstream_bytes_total", &[("layer", layer.to_string())])
                     .absolute(*b);
@@ -457,6 +464,27 @@ mod tests {
             one_two_five(100),
             vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
         );
+    }
+
+    #[test]
+    fn afd_hooks_are_exported_when_filled() {
+        let m = Metrics::new("tiny", 128);
+        let afd = AfdStats {
+            card_modeled_seconds: vec![0.5, 0.25],
+            jetstream_bytes_per_card: vec![100, 200],
+            jetstream_bytes_per_layer: vec![7],
+            expert_tokens_per_card: vec![3, 4],
+        };
+        let text = m.render(&RouterStats::default(), Some(&afd), 16);
+        assert!(
+            text.contains("afd_card_modeled_seconds{model_name=\"tiny\",card=\"1\"} 0.25"),
+            "{text}"
+        );
+        assert!(
+            text.contains("afd_card_jetstream_bytes_total{model_name=\"tiny\",card=\"0\"} 100")
+        );
+        assert!(text.contains("afd_jetstream_bytes_total{model_name=\"tiny\",layer=\"0\"} 7"));
+        assert!(text.contains("afd_expert_tokens_total{model_name=\"tiny\",card=\"1\"} 4"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod certs;
 mod cluster_args;
 mod compile;
 mod generate;
+mod serve;
 mod synth;
 mod verify;
 
@@ -37,6 +38,8 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Generate from one prompt and print {prompt_ids, output_ids, text} as JSON.
     Generate(generate::GenerateArgs),
+    /// Serve the OpenAI-compatible API over continuous batching, attention nodes and cards.
+    Serve(serve::ServeArgs),
     /// Write a random checkpoint in Hugging Face layout.
     Synth(synth::SynthArgs),
     /// Compare the disaggregated pipeline with the reference: token agreement, largest logit difference.
@@ -51,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         Command::Certs(args) => certs::run(args),
         Command::Compile(args) => compile::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Verify(args) => verify::run(args),
     }

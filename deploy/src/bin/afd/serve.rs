@@ -1,0 +1,251 @@
+//! `afd serve`: the whole system in one process: the OpenAI-compatible HTTP server, the router,
+//! M attention nodes and N simulated cards talking JetStream over loopback QUIC.
+//!
+//! Without flags it serves the small GPT-OSS-architecture model that ships in the repository
+//! (`models/afd-tiny-gpt-oss`) on 2 cards at 127.0.0.1:8000.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use deploy::cluster::{ClusterConfig, EmbeddedCluster, StartEvent};
+use gpu_attention::AttentionNode;
+use indicatif::{ProgressBar, ProgressStyle};
+use router::{AfdStats, AfdStatsSource, Router, RouterConfig, SchedulerConfig};
+use server::{Server, ServerConfig};
+
+use crate::cluster_args::ClusterArgs;
+
+/// Where the bundled model lives, relative to the repository root.
+const BUNDLED_MODEL: &str = "models/afd-tiny-gpt-oss";
+
+/// Serve the OpenAI-compatible API (completions, chat, models, tokenize, metrics) with
+/// continuous batching over M attention nodes sharing N cards.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Checkpoint folder (Hugging Face layout); default: the bundled model,
+    /// models/afd-tiny-gpt-oss.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Attention nodes sharing the cards; each new request goes to the least-loaded one.
+    #[arg(long, default_value_t = 1)]
+    attention_nodes: usize,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Most sequences in one step, per attention node (vLLM's max_num_seqs).
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// Longest sequence, prompt plus output (vLLM's max_model_len); default: the model's
+    /// max_position_embeddings, capped by the KV cache of one attention node.
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// Requests allowed to wait for a slot; beyond it the server answers 429.
+    #[arg(long, default_value_t = 1024)]
+    max_waiting: usize,
+    /// Model id in /v1/models and responses; default: the --model path as given.
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Serve the monolithic reference forward (whole model in this process, no cards) instead of
+    /// the disaggregated path; for comparisons.
+    #[arg(long)]
+    reference: bool,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+/// The bundled model: `models/afd-tiny-gpt-oss` under the current directory, else under the
+/// repository this binary was built from.
+fn bundled_model() -> PathBuf {
+    let here = PathBuf::from(BUNDLED_MODEL);
+    if here.exists() {
+        return here;
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(BUNDLED_MODEL);
+    if repo.exists() { repo } else { here }
+}
+
+/// What keeps a deployment alive while it serves (the cards, their I/O runtime).
+pub enum Deployment {
+    /// Cards in this process.
+    Embedded(Arc<EmbeddedCluster>),
+    /// The reference model; nothing to keep.
+    Reference,
+}
+
+/// Builds the attention nodes of a deployment: the one place that decides what a node is
+/// (disaggregated over the cards, or the monolithic reference).
+pub fn build_nodes(
+    config: &ClusterConfig,
+    reference: bool,
+    progress: &mut dyn FnMut(StartEvent),
+) -> anyhow::Result<(Deployment, Vec<Box<dyn AttentionNode>>)> {
+    if reference {
+        let mut nodes: Vec<Box<dyn AttentionNode>> = Vec::new();
+        for j in 0..config.attention_nodes {
+            progress(StartEvent::ConnectingNode(j, config.attention_nodes));
+            let weights = model::ModelWeights::load(&config.model)
+                .with_context(|| format!("loading {}", config.model.display()))?;
+            let capacity = config.node.kv.capacity(&weights.config);
+            let model = model::ReferenceModel::new(weights)?;
+            nodes.push(Box::new(gpu_attention::monolithic::MonolithicNode::new(
+                model, capacity,
+            )));
+        }
+        return Ok((Deployment::Reference, nodes));
+    }
+    let mut cluster = EmbeddedCluster::start(config, progress).with_context(|| {
+        format!(
+            "starting {} card(s) and {} attention node(s) for {}",
+            config.cards,
+            config.attention_nodes,
+            config.model.display()
+        )
+    })?;
+    let nodes = cluster
+        .take_nodes()
+        .into_iter()
+        .map(|node| Box::new(node) as Box<dyn AttentionNode>)
+        .collect();
+    Ok((Deployment::Embedded(Arc::new(cluster)), nodes))
+}
+
+/// The disaggregated path's figures for `/metrics`.
+struct ClusterStats {
+    cluster: Arc<EmbeddedCluster>,
+}
+
+impl AfdStatsSource for ClusterStats {
+    fn snapshot(&self) -> AfdStats {
+        let cards = self.cluster.card_stats();
+        AfdStats {
+            card_modeled_seconds: cards.iter().map(|c| c.modeled_seconds).collect(),
+            jetstream_bytes_per_card: cards.iter().map(|c| c.bytes_in + c.bytes_out).collect(),
+            // Not measured per layer yet: the attention node's fabric counts totals only.
+            jetstream_bytes_per_layer: Vec::new(),
+            expert_tokens_per_card: cards.iter().map(|c| c.expert_tokens.iter().sum()).collect(),
+        }
+    }
+}
+
+fn progress_bar(config: &ClusterConfig, reference: bool) -> ProgressBar {
+    let steps = if reference {
+        config.attention_nodes
+    } else {
+        config.cards + config.attention_nodes
+    };
+    let bar = ProgressBar::new(steps as u64);
+    let style = ProgressStyle::with_template("{spinner} [{elapsed}] {bar:30} {pos}/{len} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let model_dir = args.model.clone().unwrap_or_else(bundled_model);
+    if !model_dir.join("config.json").exists() {
+        if args.model.is_none() {
+            bail!(
+                "the bundled model is not in {} (yet); pass --model DIR with a Hugging Face \
+                 checkpoint folder, for example one made by `afd synth --family gpt-oss --preset \
+                 small --out /tmp/afd-small`",
+                model_dir.display()
+            );
+        }
+        bail!(
+            "{} has no config.json: --model must be a Hugging Face checkpoint folder",
+            model_dir.display()
+        );
+    }
+    if args.attention_nodes == 0 {
+        bail!("--attention-nodes must be at least 1");
+    }
+    let mut cluster = args.cluster.config(model_dir.clone());
+    cluster.attention_nodes = args.attention_nodes;
+    let model_config = model::ModelConfig::from_file(&model_dir.join("config.json"))
+        .with_context(|| format!("reading {}", model_dir.join("config.json").display()))?;
+
+    let bar = progress_bar(&cluster, args.reference);
+    bar.set_message(format!("loading {}", model_dir.display()));
+    let (deployment, nodes) = build_nodes(&cluster, args.reference, &mut |event| {
+        match event {
+            StartEvent::LoadingCard(i, n) => {
+                bar.set_message(format!("compiling and loading card {}/{n}", i + 1))
+            }
+            StartEvent::ConnectingNode(j, m) => {
+                bar.set_message(format!("connecting attention node {}/{m}", j + 1))
+            }
+        }
+        bar.inc(1);
+    })?;
+    bar.finish_with_message("ready");
+
+    let capacity = nodes
+        .iter()
+        .map(|n| {
+            let k = n.kv_capacity();
+            k.block_size * k.num_blocks
+        })
+        .min()
+        .unwrap_or(0);
+    let max_model_len = match args.max_model_len {
+        Some(m) if m > capacity => bail!(
+            "--max-model-len {m} exceeds the KV cache of an attention node ({capacity} tokens); \
+             raise --kv-cache-memory or lower --max-model-len"
+        ),
+        Some(m) => m,
+        None => model_config.max_position_embeddings.min(capacity),
+    };
+    let router_config = RouterConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: args.max_num_seqs,
+            max_num_batched_tokens: args.cluster.node.max_num_batched_tokens,
+            max_model_len,
+            enable_chunked_prefill: true,
+        },
+        max_waiting: args.max_waiting,
+    };
+    let router = Router::start(router_config, nodes).context("starting the router")?;
+    let afd_stats: Option<Arc<dyn AfdStatsSource>> = match &deployment {
+        Deployment::Embedded(c) => Some(Arc::new(ClusterStats {
+            cluster: Arc::clone(c),
+        })),
+        Deployment::Reference => None,
+    };
+    let server_config = ServerConfig {
+        host: args.host.clone(),
+        port: args.port,
+        model_dir: model_dir.clone(),
+        served_model_name: args.served_model_name.clone(),
+        ..ServerConfig::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("afd-http")
+        .build()
+        .context("starting the HTTP runtime")?;
+    runtime.block_on(async move {
+        let server = Server::bind(server_config, router, afd_stats).await?;
+        let what = if args.reference {
+            "the reference forward".to_string()
+        } else {
+            format!("{} card(s) over {:?}", cluster.cards, cluster.transport)
+        };
+        eprintln!(
+            "afd serve: {} on {what}, {} attention node(s), max_model_len {max_model_len}; \
+             listening on http://{}",
+            model_dir.display(),
+            cluster.attention_nodes,
+            server.local_addr()
+        );
+        server.run().await
+    })?;
+    drop(deployment);
+    Ok(())
+}
