@@ -4,7 +4,7 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 use corsair_ffn::Span;
-use corsair_ffn::executor::kernel::{KernelChoice, TileView, pair_order, tile_partials};
+use corsair_ffn::executor::kernel::{KernelChoice, TileView, pack_rows, pair_order, tile_partials};
 use corsair_ffn::format::{TileFormat, encode_row};
 use corsair_ffn::numerics::padded;
 use corsair_ffn::synthetic::{SplitMix, random_matrix};
@@ -21,16 +21,10 @@ fn kernel(c: &mut Criterion) {
     ] {
         let mut rng = SplitMix::new(1, 2);
         let m = random_matrix(ROWS, COLS, stored, 0.1, &mut rng);
-        let (db, sb) = (format.data_bytes(COLS), format.scale_bytes(COLS));
-        let mut bytes = vec![0u8; ROWS * (db + sb)];
-        let (data, scales) = bytes.split_at_mut(ROWS * db);
-        for r in 0..ROWS {
-            let (d, s) = (
-                &mut data[r * db..(r + 1) * db],
-                &mut scales[r * sb..(r + 1) * sb],
-            );
-            encode_row(&m, r, Span::new(0, COLS), format, 0, COLS, d, s);
-        }
+        let mut bytes = vec![0u8; ROWS * format.row_bytes(COLS)];
+        let span = Span::new(0, COLS);
+        let encode = |r, d: &mut [u8], s: &mut [u8]| encode_row(&m, r, span, format, 0, COLS, d, s);
+        pack_rows(format, ROWS, COLS, encode, &mut bytes);
         let view = TileView::new(format, ROWS, COLS, &bytes);
         let kp = padded(COLS);
         for tokens in [1usize, 32] {

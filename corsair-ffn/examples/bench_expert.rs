@@ -2,7 +2,8 @@
 //! 2880, weights made in memory), at 1 and 32 tokens, MXFP4 and bf16: weight bytes streamed per
 //! second against a memcpy of the same bytes measured in the same run, and GFLOP/s.
 //!
-//! `cargo run --release -p corsair-ffn --example bench_expert [-- --seconds S]`
+//! `cargo run --release -p corsair-ffn --example bench_expert [-- --seconds S] [--format mxfp4|bf16]
+//! [--tokens N] [--threads N]`
 //!
 //! Calls cycle over several experts so the working set is larger than the last-level cache:
 //! every call streams one expert's weights from DRAM, as decoding does.
@@ -35,32 +36,58 @@ fn expert_bytes(mlp: &GatedMlp) -> Vec<&[u8]> {
     parts
 }
 
-fn time_per_iter(seconds: f64, mut f: impl FnMut(usize)) -> f64 {
-    for i in 0..4 {
-        f(i);
-    }
+/// Median of `v`.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Seconds of one call of `f`.
+fn timed(f: impl FnOnce()) -> f64 {
     let start = Instant::now();
-    let mut iters = 0;
-    while start.elapsed().as_secs_f64() < seconds || iters < 8 {
-        f(iters);
-        iters += 1;
+    f();
+    start.elapsed().as_secs_f64()
+}
+
+/// Copies one expert's bytes into `dst` on `threads` threads (1 or 2 halves).
+fn memcpy(src: &[&[u8]], dst: &mut [u8], threads: usize) {
+    let copy = |parts: &[&[u8]], out: &mut [u8]| {
+        let mut at = 0;
+        for s in parts {
+            out[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        }
+    };
+    if threads == 1 {
+        copy(src, dst);
+    } else {
+        let half = src.len() / 2;
+        let (a, b) = dst.split_at_mut(src[..half].iter().map(|s| s.len()).sum());
+        rayon::join(|| copy(&src[..half], a), || copy(&src[half..], b));
     }
-    start.elapsed().as_secs_f64() / iters as f64
+    black_box(dst);
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut seconds = 1.5;
     let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--seconds") {
-        seconds = args.get(i + 1).ok_or("--seconds needs a value")?.parse()?;
-    }
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+    };
+    let seconds: f64 = flag("--seconds").map_or(Ok(2.0), |v| v.parse())?;
+    // Optional filters: --format mxfp4|bf16, --tokens N, --threads N.
+    let only_format = flag("--format").cloned();
+    let only_tokens: Option<usize> = flag("--tokens").map(|v| v.parse()).transpose()?;
+    let only_threads: Option<usize> = flag("--threads").map(|v| v.parse()).transpose()?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "expert FFN {HIDDEN} x {INTER} (gate+up {}x{HIDDEN}, down {HIDDEN}x{INTER}), {threads} threads available",
+        "expert FFN: gate+up {}x{HIDDEN}, down {HIDDEN}x{INTER}; {threads} threads available; \
+         each round times memcpy (1 and {threads} threads) and the executor on the same experts; medians",
         2 * INTER
     );
     println!(
-        "{:<6} {:>6} {:>7} {:>9} {:>11} {:>13} {:>13} {:>8} {:>8} {:>9}",
+        "{:<6} {:>6} {:>7} {:>9} {:>12} {:>13} {:>13} {:>7} {:>7} {:>8}",
         "format",
         "tokens",
         "threads",
@@ -73,6 +100,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "GFLOP/s"
     );
     for (format, experts) in [(WeightFormat::Mxfp4, 6usize), (WeightFormat::Bf16, 3usize)] {
+        let name = format!("{format:?}").to_lowercase();
+        if only_format.as_deref().is_some_and(|f| f != name) {
+            continue;
+        }
         let cfg = gpt_oss_config(1, experts, 1, HIDDEN, INTER, 64);
         let weights = SyntheticWeights::random(&cfg, format, 1, &|_, _| true);
         let stored = StoredFormats {
@@ -101,45 +132,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let SyntheticLayer::Moe(mlps) = &weights.layers[0] else {
             return Err("not a MoE layer".into());
         };
-        let sources: Vec<Vec<&[u8]>> = mlps
+        let mlps: Vec<&GatedMlp> = mlps
             .iter()
-            .map(|m| expert_bytes(m.as_ref().expect("expert made")))
-            .collect();
+            .map(|m| m.as_ref().ok_or("expert missing"))
+            .collect::<Result<_, _>>()?;
+        let sources: Vec<Vec<&[u8]>> = mlps.iter().map(|m| expert_bytes(m)).collect();
         let bytes: usize = sources[0].iter().map(|s| s.len()).sum();
         let mut dst = vec![0u8; bytes];
-        // memcpy of the same bytes, one thread and every thread, cycling over the experts.
-        let copy1 = time_per_iter(seconds / 2.0, |i| {
-            let mut at = 0;
-            for s in &sources[i % experts] {
-                dst[at..at + s.len()].copy_from_slice(s);
-                at += s.len();
-            }
-            black_box(&dst);
-        });
-        let copy_n = time_per_iter(seconds / 2.0, |i| {
-            let src = &sources[i % experts];
-            let half = src.len() / 2;
-            let (a, b) = dst.split_at_mut(src[..half].iter().map(|s| s.len()).sum());
-            rayon::join(
-                || {
-                    let mut at = 0;
-                    for s in &src[..half] {
-                        a[at..at + s.len()].copy_from_slice(s);
-                        at += s.len();
-                    }
-                },
-                || {
-                    let mut at = 0;
-                    for s in &src[half..] {
-                        b[at..at + s.len()].copy_from_slice(s);
-                        at += s.len();
-                    }
-                },
-            );
-            black_box(&dst);
-        });
         for tokens in [1usize, 32] {
             for t in [1, threads] {
+                if only_tokens.is_some_and(|n| n != tokens) || only_threads.is_some_and(|n| n != t)
+                {
+                    continue;
+                }
                 let exec = ExecOptions {
                     threads: t,
                     ..ExecOptions::default()
@@ -154,54 +159,79 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 )?;
                 let mut rng = SplitMix::new(2, tokens as u64);
                 let x: Vec<f32> = (0..tokens * HIDDEN).map(|_| rng.symmetric()).collect();
-                let per_call = time_per_iter(seconds, |i| {
+                let mut call = |e: usize| {
                     let slots = vec![
                         Slot {
-                            expert: (i % experts) as u32,
+                            expert: e as u32,
                             weight: 1.0
                         };
                         tokens
                     ];
                     black_box(card.moe_layer(0, &x, &slots).expect("moe layer"));
-                });
+                };
+                for e in 0..experts {
+                    call(e);
+                }
+                let (mut k, mut c1, mut cn) = (Vec::new(), Vec::new(), Vec::new());
+                let start = Instant::now();
+                while start.elapsed().as_secs_f64() < seconds || k.len() < 5 {
+                    c1.push(
+                        (0..experts)
+                            .map(|e| timed(|| memcpy(&sources[e], &mut dst, 1)))
+                            .sum::<f64>()
+                            / experts as f64,
+                    );
+                    cn.push(
+                        (0..experts)
+                            .map(|e| timed(|| memcpy(&sources[e], &mut dst, threads)))
+                            .sum::<f64>()
+                            / experts as f64,
+                    );
+                    k.push((0..experts).map(|e| timed(|| call(e))).sum::<f64>() / experts as f64);
+                }
+                let ratio = |c: &[f64]| median(c.iter().zip(&k).map(|(c, k)| c / k).collect());
+                let (r1, rn) = (ratio(&c1), ratio(&cn));
+                let per_call = median(k.clone());
                 let gbs = bytes as f64 / per_call / 1e9;
                 let flops = 2.0 * tokens as f64 * (3 * HIDDEN * INTER) as f64 / per_call / 1e9;
-                let (m1, mn) = (bytes as f64 / copy1 / 1e9, bytes as f64 / copy_n / 1e9);
                 println!(
-                    "{:<6} {:>6} {:>7} {:>9.3} {:>11.1} {:>13.1} {:>13.1} {:>7.0}% {:>7.0}% {:>9.1}",
-                    format!("{format:?}").to_lowercase(),
-                    tokens,
-                    t,
+                    "{name:<6} {tokens:>6} {t:>7} {:>9.3} {gbs:>12.1} {:>13.1} {:>13.1} {:>6.0}% {:>6.0}% {flops:>8.1}",
                     per_call * 1e3,
-                    gbs,
-                    m1,
-                    mn,
-                    100.0 * gbs / m1,
-                    100.0 * gbs / mn,
-                    flops
+                    bytes as f64 / median(c1) / 1e9,
+                    bytes as f64 / median(cn) / 1e9,
+                    100.0 * r1,
+                    100.0 * rn,
                 );
             }
         }
-        // The reference forward's kernels on the same expert (model crate), for comparison.
-        let mut rng = SplitMix::new(3, 1);
-        let x: Vec<f32> = (0..HIDDEN).map(|_| rng.symmetric()).collect();
-        let act = cfg.moe.map(|m| m.activation).ok_or("no MoE spec")?;
-        let per_call = time_per_iter(seconds, |i| {
-            black_box(model::forward::moe::gated_mlp(
-                mlps[i % experts].as_ref().expect("expert"),
-                act,
-                &x,
+        if only_tokens.is_none_or(|n| n == 1) {
+            // The reference forward's kernels (model crate, rayon pool) on the same experts.
+            let mut rng = SplitMix::new(3, 1);
+            let x: Vec<f32> = (0..HIDDEN).map(|_| rng.symmetric()).collect();
+            let act = cfg.moe.map(|m| m.activation).ok_or("no MoE spec")?;
+            let mut r = Vec::new();
+            let start = Instant::now();
+            while start.elapsed().as_secs_f64() < seconds / 2.0 || r.len() < 5 {
+                r.push(
+                    (0..experts)
+                        .map(|e| {
+                            timed(|| {
+                                black_box(model::forward::moe::gated_mlp(mlps[e], act, &x, 1));
+                            })
+                        })
+                        .sum::<f64>()
+                        / experts as f64,
+                );
+            }
+            let per_call = median(r);
+            println!(
+                "{name:<6} {:>6} {:>7} {:>9.3} {:>12.1}   (model crate's reference kernels)",
                 1,
-            ));
-        });
-        println!(
-            "{:<6} {:>6} {:>7} {:>9.3} {:>11.1}   (model crate's reference kernels, rayon pool)",
-            format!("{format:?}").to_lowercase(),
-            1,
-            "ref",
-            per_call * 1e3,
-            bytes as f64 / per_call / 1e9
-        );
+                "ref",
+                per_call * 1e3,
+                bytes as f64 / per_call / 1e9
+            );
+        }
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use crate::assignment::{LayerShare, Span};
 use crate::error::{Error, Result};
+use crate::executor::kernel::pack_rows;
 use crate::format::{TileFormat, encode_row};
 use crate::program::{Matrix, MatrixRole, MemoryKind, Program};
 
@@ -294,26 +295,20 @@ pub fn bind(program: &Program, source: &dyn WeightSource) -> Result<BoundMemory>
     Ok(memory)
 }
 
-/// Encodes tile `ti` of `m` into `out`: every row's data, then every row's scales.
+/// Encodes tile `ti` of `m` into `out` in the kernel's tile storage layout.
 fn write_tile(m: &Matrix, ti: usize, src: &MatrixSource<'_>, out: &mut [u8]) {
     let t = &m.tiles[ti];
     let cols = m.columns(t.segments);
-    let (db, sb) = (
-        m.format.data_bytes(cols.len()),
-        m.format.scale_bytes(cols.len()),
+    pack_rows(
+        m.format,
+        t.rows.len(),
+        cols.len(),
+        |i, data, scales| {
+            let (w, row) = src.row(t.rows.start + i);
+            encode_row(
+                w, row, src.cols, m.format, cols.start, cols.end, data, scales,
+            );
+        },
+        out,
     );
-    let (data, scales) = out.split_at_mut(t.rows.len() * db);
-    for (i, r) in (t.rows.start..t.rows.end).enumerate() {
-        let (w, row) = src.row(r);
-        encode_row(
-            w,
-            row,
-            src.cols,
-            m.format,
-            cols.start,
-            cols.end,
-            &mut data[i * db..(i + 1) * db],
-            &mut scales[i * sb..(i + 1) * sb],
-        );
-    }
 }

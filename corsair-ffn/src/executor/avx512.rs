@@ -8,7 +8,10 @@
 
 use std::arch::x86_64::*;
 
-use super::kernel::TileView;
+use super::kernel::{ROW_GROUP, TileView, block_bytes, block_place};
+
+/// How far ahead (bytes) the kernel prefetches a tile's weights.
+const PREFETCH_BYTES: usize = 8192;
 use crate::format::TileFormat;
 use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT};
 
@@ -29,42 +32,41 @@ pub fn available() -> bool {
     })
 }
 
-/// Decoded (even, odd) vectors of block `b` of a row whose data starts at `data` and scales at
-/// `scales`.
+/// Decoded (even, odd) vectors of the block at `data` (scale byte at `scale`).
 ///
 /// # Safety
-/// The block (and its scale byte) must lie inside the row; AVX-512F/BW must be available.
+/// The block's bytes (and its scale byte, for MX formats) must be readable; AVX-512F/BW,
+/// FMA and F16C must be available.
 #[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
 #[inline]
-unsafe fn block<const F: u8>(data: *const u8, scales: *const u8, b: usize) -> (__m512, __m512) {
-    // SAFETY: the caller guarantees the bytes read here are inside the row.
+unsafe fn block<const F: u8>(data: *const u8, scale: *const u8) -> (__m512, __m512) {
+    // SAFETY: the caller guarantees the bytes read here are inside the tile.
     unsafe {
         match F {
             F32 => {
-                let p = data.add(b * BLOCK * 4).cast::<f32>();
+                let p = data.cast::<f32>();
                 (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
             }
             BF16 => {
-                let v = _mm512_loadu_si512(data.add(b * BLOCK * 2).cast());
+                let v = _mm512_loadu_si512(data.cast());
                 let even = _mm512_slli_epi32::<16>(v);
                 let odd = _mm512_and_si512(v, _mm512_set1_epi32(0xffff_0000u32 as i32));
                 (_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd))
             }
             F16 => {
-                let v = _mm512_loadu_si512(data.add(b * BLOCK * 2).cast());
+                let v = _mm512_loadu_si512(data.cast());
                 let even = _mm512_cvtepi32_epi16(v);
                 let odd = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v));
                 (_mm512_cvtph_ps(even), _mm512_cvtph_ps(odd))
             }
             MXFP4 => {
-                let bytes = _mm_loadu_si128(data.add(b * 16).cast());
-                let v = _mm512_cvtepu8_epi32(bytes);
+                let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(data.cast()));
                 let lo = _mm512_and_si512(v, _mm512_set1_epi32(0x0f));
                 let hi = _mm512_srli_epi32::<4>(v);
-                let scale = model::mxfp4::SCALE_LUT[*scales.add(b) as usize];
+                let s = model::mxfp4::SCALE_LUT[*scale as usize];
                 let table = _mm512_mul_ps(
                     _mm512_loadu_ps(model::mxfp4::FP4_VALUES.as_ptr()),
-                    _mm512_set1_ps(scale),
+                    _mm512_set1_ps(s),
                 );
                 (
                     _mm512_permutexvar_ps(lo, table),
@@ -72,12 +74,11 @@ unsafe fn block<const F: u8>(data: *const u8, scales: *const u8, b: usize) -> (_
                 )
             }
             _ => {
-                let p = data.add(b * BLOCK);
-                let scale = _mm512_set1_ps(model::mxfp4::SCALE_LUT[*scales.add(b) as usize]);
-                let even = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())));
+                let s = _mm512_set1_ps(model::mxfp4::SCALE_LUT[*scale as usize]);
+                let even = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(data.cast())));
                 let odd =
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(16).cast())));
-                (_mm512_mul_ps(even, scale), _mm512_mul_ps(odd, scale))
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(data.add(16).cast())));
+                (_mm512_mul_ps(even, s), _mm512_mul_ps(odd, s))
             }
         }
     }
@@ -109,19 +110,37 @@ unsafe fn run_block<const F: u8, const R: usize, const T: usize>(
     out: &mut [f32],
 ) {
     let (nb, ns) = (tile.blocks(), tile.segments());
-    let db = tile.format.data_bytes(tile.cols);
-    let sb = tile.format.scale_bytes(tile.cols);
-    let data: [*const u8; R] = std::array::from_fn(|r| tile.data[(r0 + r) * db..].as_ptr());
+    // Rows of one register block share a row group, hence the strides between blocks.
+    let (_, dstride, _, sstride) = block_place(tile.format, tile.rows, nb, r0, 0);
+    let bb = block_bytes(tile.format);
+    let place = |r: usize| block_place(tile.format, tile.rows, nb, r0 + r, 0);
+    let data: [*const u8; R] = std::array::from_fn(|r| tile.data[place(r).0..].as_ptr());
     let scales: [*const u8; R] =
-        std::array::from_fn(|r| tile.scales[((r0 + r) * sb).min(tile.scales.len())..].as_ptr());
+        std::array::from_fn(|r| tile.scales[place(r).2.min(tile.scales.len())..].as_ptr());
     let xs: [*const f32; T] = std::array::from_fn(|t| x[(t0 + t) * x_stride..].as_ptr());
     for s in 0..ns {
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         for b in s * BLOCKS_PER_SEGMENT..((s + 1) * BLOCKS_PER_SEGMENT).min(nb) {
+            // Weights stream from memory once: fetch ahead. A tile's row groups follow each
+            // other, so the bytes PREFETCH_BYTES past this block of these rows are the ones
+            // this thread reads next (in this group or the next).
+            let here = b * dstride;
+            let mut line = 0;
+            while line < R * bb {
+                // SAFETY: prefetching never faults, whatever the address.
+                _mm_prefetch::<_MM_HINT_T0>(
+                    data[0].wrapping_add(here + PREFETCH_BYTES + line).cast(),
+                );
+                line += 64;
+            }
+            if sstride > 0 && b % 8 == 0 {
+                let ahead = b * sstride + PREFETCH_BYTES / 16;
+                _mm_prefetch::<_MM_HINT_T0>(scales[0].wrapping_add(ahead).cast());
+            }
             let mut w = [(_mm512_setzero_ps(), _mm512_setzero_ps()); R];
             for r in 0..R {
-                // SAFETY: block b < nb lies inside row r0 + r.
-                w[r] = unsafe { block::<F>(data[r], scales[r], b) };
+                // SAFETY: block b < nb of row r0 + r lies inside the tile (see block_place).
+                w[r] = unsafe { block::<F>(data[r].add(b * dstride), scales[r].add(b * sstride)) };
             }
             for t in 0..T {
                 // SAFETY: each input row holds at least nb whole blocks from the tile's column.
@@ -172,6 +191,16 @@ pub unsafe fn tile_partials(
         tile.scales.len() >= tile.rows * tile.format.scale_bytes(tile.cols),
         "tile scales too short"
     );
+    // The first bytes of the tile are requested all at once (the running prefetch in
+    // run_block covers the rest), so the tile's start does not wait line by line.
+    let mut line = 0;
+    while line < PREFETCH_BYTES.min(tile.data.len()) {
+        _mm_prefetch::<_MM_HINT_T0>(tile.data[line..].as_ptr().cast());
+        line += 64;
+    }
+    if let Some(s) = tile.scales.first() {
+        _mm_prefetch::<_MM_HINT_T0>((s as *const u8).cast());
+    }
     // SAFETY: forwarded; the asserts above bound every pointer the blocks use.
     unsafe {
         match tile.format {
@@ -200,10 +229,13 @@ unsafe fn rows<const F: u8>(
     }
     if tokens == 1 {
         // One token: 8 independent accumulators keep the fused multiply-adds busy.
+        // Register blocks never straddle a row group: 8 rows are one whole group, and the
+        // 4-row blocks below start at multiples of 4.
+        const _: () = assert!(ROW_GROUP == 8);
         let mut r = 0;
-        while r + 8 <= tile.rows {
+        while r + ROW_GROUP <= tile.rows {
             go!(8, 1, r, 0);
-            r += 8;
+            r += ROW_GROUP;
         }
         while r < tile.rows {
             go!(1, 1, r, 0);

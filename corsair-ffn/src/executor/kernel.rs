@@ -5,6 +5,11 @@
 //! odd ones ([`pair_order`]), so lane `l` meets element `2l` then `2l + 1`, as the numerics
 //! definition says. Both paths (portable, AVX-512) compute the same bits: the same decoded
 //! weights, fused multiply-adds in the same order, the same lane tree.
+//!
+//! Tile storage ([`pack_rows`]): rows come in groups of [`ROW_GROUP`]; inside a group the
+//! blocks are interleaved (block 0 of every row of the group, then block 1, ...), for the data
+//! and for the scales alike, so a kernel running a group of rows reads one sequential stream.
+//! Each row's block is laid out as [`crate::format`] describes.
 
 use crate::format::TileFormat;
 use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES, fold_lanes};
@@ -20,7 +25,63 @@ pub enum KernelChoice {
     Portable,
 }
 
-/// One tile's weights as stored: every row's data, then every row's scales.
+/// Rows per group in tile storage.
+pub const ROW_GROUP: usize = 8;
+
+/// Data bytes of one 32-element block of one row.
+pub fn block_bytes(format: TileFormat) -> usize {
+    format.data_bytes(BLOCK)
+}
+
+/// Where block `b` of row `r` of a tile of `rows` rows and `blocks` blocks is stored:
+/// (data offset, data stride between blocks, scale offset, scale stride).
+#[inline(always)]
+pub fn block_place(
+    format: TileFormat,
+    rows: usize,
+    blocks: usize,
+    r: usize,
+    b: usize,
+) -> (usize, usize, usize, usize) {
+    let g = r / ROW_GROUP * ROW_GROUP;
+    let size = ROW_GROUP.min(rows - g);
+    let bb = block_bytes(format);
+    let sb = usize::from(format.has_scales());
+    (
+        g * blocks * bb + b * size * bb + (r - g) * bb,
+        size * bb,
+        g * blocks * sb + b * size * sb + (r - g) * sb,
+        size * sb,
+    )
+}
+
+/// Packs a tile from its rows: `row(r, data, scales)` writes row `r` in the per-row layout
+/// of [`crate::format::encode_row`]; `out` receives the tile storage (data, then scales).
+pub fn pack_rows(
+    format: TileFormat,
+    rows: usize,
+    cols: usize,
+    mut row: impl FnMut(usize, &mut [u8], &mut [u8]),
+    out: &mut [u8],
+) {
+    let (db, sb) = (format.data_bytes(cols), format.scale_bytes(cols));
+    let blocks = cols.div_ceil(BLOCK);
+    let bb = block_bytes(format);
+    let (mut data, mut scales) = (vec![0u8; db], vec![0u8; sb]);
+    let (out_data, out_scales) = out.split_at_mut(rows * db);
+    for r in 0..rows {
+        row(r, &mut data, &mut scales);
+        for b in 0..blocks {
+            let (d, _, s, _) = block_place(format, rows, blocks, r, b);
+            out_data[d..d + bb].copy_from_slice(&data[b * bb..(b + 1) * bb]);
+            if sb > 0 {
+                out_scales[s] = scales[b];
+            }
+        }
+    }
+}
+
+/// One tile's weights as stored (see [`pack_rows`]): all data, then all scales.
 #[derive(Debug, Clone, Copy)]
 pub struct TileView<'a> {
     /// Storage format.
@@ -61,17 +122,13 @@ impl<'a> TileView<'a> {
     /// Decoded (even, odd) values of block `b` of row `r`.
     #[inline(always)]
     pub fn block(&self, r: usize, b: usize) -> ([f32; LANES], [f32; LANES]) {
-        let db = self.format.data_bytes(self.cols);
-        let row = &self.data[r * db..(r + 1) * db];
-        let scale = || {
-            let sb = self.format.scale_bytes(self.cols);
-            model::mxfp4::SCALE_LUT[self.scales[r * sb + b] as usize]
-        };
+        let (d, _, s, _) = block_place(self.format, self.rows, self.blocks(), r, b);
+        let row = &self.data[d..d + block_bytes(self.format)];
+        let scale = || model::mxfp4::SCALE_LUT[self.scales[s] as usize];
         match self.format {
             TileFormat::F32 => {
-                let at = b * BLOCK * 4;
                 let f = |i: usize| {
-                    f32::from_le_bytes(row[at + 4 * i..at + 4 * i + 4].try_into().unwrap_or([0; 4]))
+                    f32::from_le_bytes(row[4 * i..4 * i + 4].try_into().unwrap_or([0; 4]))
                 };
                 (
                     std::array::from_fn(f),
@@ -79,11 +136,8 @@ impl<'a> TileView<'a> {
                 )
             }
             TileFormat::Bf16 => {
-                let at = b * BLOCK * 2;
                 let f = |i: usize| {
-                    f32::from_bits(
-                        (u16::from_le_bytes([row[at + 2 * i], row[at + 2 * i + 1]]) as u32) << 16,
-                    )
+                    f32::from_bits((u16::from_le_bytes([row[2 * i], row[2 * i + 1]]) as u32) << 16)
                 };
                 (
                     std::array::from_fn(|l| f(2 * l)),
@@ -91,10 +145,7 @@ impl<'a> TileView<'a> {
                 )
             }
             TileFormat::F16 => {
-                let at = b * BLOCK * 2;
-                let f = |i: usize| {
-                    half::f16::from_le_bytes([row[at + 2 * i], row[at + 2 * i + 1]]).to_f32()
-                };
+                let f = |i: usize| half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32();
                 (
                     std::array::from_fn(|l| f(2 * l)),
                     std::array::from_fn(|l| f(2 * l + 1)),
@@ -102,7 +153,7 @@ impl<'a> TileView<'a> {
             }
             TileFormat::Mxfp4 => {
                 let s = scale();
-                let bytes = &row[b * 16..b * 16 + 16];
+                let bytes = &row[..16];
                 let fp4 = &model::mxfp4::FP4_VALUES;
                 (
                     std::array::from_fn(|l| fp4[(bytes[l] & 0x0f) as usize] * s),
@@ -111,7 +162,7 @@ impl<'a> TileView<'a> {
             }
             TileFormat::Mxint8 => {
                 let s = scale();
-                let bytes = &row[b * BLOCK..b * BLOCK + BLOCK];
+                let bytes = &row[..BLOCK];
                 (
                     std::array::from_fn(|l| bytes[l] as i8 as f32 * s),
                     std::array::from_fn(|l| bytes[l + LANES] as i8 as f32 * s),
@@ -192,22 +243,15 @@ mod tests {
     /// Encodes `m` (all rows, all columns) as one tile in `format`.
     fn tile_bytes(m: &model::WeightMatrix, format: TileFormat) -> Vec<u8> {
         let (rows, cols) = (m.rows(), m.cols());
-        let (db, sb) = (format.data_bytes(cols), format.scale_bytes(cols));
-        let mut bytes = vec![0u8; rows * (db + sb)];
-        let (data, scales) = bytes.split_at_mut(rows * db);
-        for r in 0..rows {
-            let span = Span::new(0, cols);
-            encode_row(
-                m,
-                r,
-                span,
-                format,
-                0,
-                cols,
-                &mut data[r * db..(r + 1) * db],
-                &mut scales[r * sb..(r + 1) * sb],
-            );
-        }
+        let mut bytes = vec![0u8; rows * format.row_bytes(cols)];
+        let span = Span::new(0, cols);
+        pack_rows(
+            format,
+            rows,
+            cols,
+            |r, d, s| encode_row(m, r, span, format, 0, cols, d, s),
+            &mut bytes,
+        );
         bytes
     }
 
