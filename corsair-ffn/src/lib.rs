@@ -4,7 +4,18 @@
 //! the experts, dense FFN slices and LM-head rows, the sanitizer that proves each program, the
 //! executor with real numerics, the performance model, and the card service.
 //!
-//! Must not: depend on `gpu-attention`; it knows the attention node only through `proto`.
+//! Layers, bottom up: [`profile`] (one card as data: hierarchy, memories, rates, latencies),
+//! [`assignment`] (a card's share and the default placement), [`format`](mod@format) and
+//! [`numerics`] (what the card computes, bit for bit), [`program`] (regions, tiles,
+//! instructions), [`compiler`] (share -> program from the model's shape alone), [`sanitizer`]
+//! (proves every program), [`perf`] and [`report`] (modeled time, memory use by region kind),
+//! [`weights`] (binding a checkpoint to a program), [`executor`] and [`card`] (running it on the
+//! CPU), [`reference`](mod@reference) (the plain software model the executor must equal bit for
+//! bit), [`lm_head`] (vocabulary-shard proposals), [`synthetic`] (weights made in memory for
+//! tests and benchmarks), and the card service on top.
+//!
+//! Must not: depend on `gpu-attention`; it knows the attention node only through `proto`. The
+//! compiler, sanitizer, executor and performance model do no I/O.
 
 pub mod assignment;
 pub mod card;

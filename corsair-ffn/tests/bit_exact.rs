@@ -30,6 +30,8 @@ struct Case {
     threads: usize,
     kernel: KernelChoice,
     cards: usize,
+    /// Cores per slice of the profile (changes how many cores tiles spread over).
+    cores_per_slice: usize,
     tokens: usize,
     max_tokens: usize,
     seed: u64,
@@ -51,13 +53,20 @@ fn case() -> impl Strategy<Value = Case> {
             prop::option::of(1usize..40),
             prop::option::of(1usize..3),
         ),
-        (1usize..4, any::<bool>(), 1usize..4, 1usize..9, any::<u64>()),
+        (
+            1usize..4,
+            any::<bool>(),
+            1usize..4,
+            1usize..9,
+            any::<u64>(),
+            0usize..3,
+        ),
     )
         .prop_map(
             |(
                 (h, i, e, k, gpt, dense),
                 (src, choice, rpt, spt),
-                (threads, portable, cards, tokens, seed),
+                (threads, portable, cards, tokens, seed, cores),
             )| {
                 let source = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::Mxfp4][src];
                 // MXFP4 checkpoints have whole blocks; other formats take any width.
@@ -89,6 +98,7 @@ fn case() -> impl Strategy<Value = Case> {
                         KernelChoice::Auto
                     },
                     cards,
+                    cores_per_slice: [1, 4, 32][cores],
                     tokens,
                     max_tokens: tokens + (seed % 3) as usize,
                     seed,
@@ -147,7 +157,8 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         },
         ..CompileOptions::default()
     };
-    let profile = HardwareProfile::default();
+    let mut profile = HardwareProfile::default();
+    profile.hierarchy.cores_per_slice = c.cores_per_slice;
     let plan = plan_placement(
         &cfg,
         &PlacementOptions {

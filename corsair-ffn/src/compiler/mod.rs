@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 pub(crate) use emit::PROPOSAL_FIXED_BYTES;
 pub use tiling::{StoredFormats, TilingOptions};
 
-use crate::assignment::{CardAssignment, LayerShare};
+use crate::assignment::{CardAssignment, LayerShare, PlacementOptions, plan_placement};
 use crate::error::{Error, Result};
 use crate::format::{FormatChoice, TileFormat};
 use crate::profile::HardwareProfile;
@@ -211,6 +211,22 @@ pub fn compile(
             sanitizer: report,
         });
     }
+}
+
+/// Compiles every card of a deployment placed by [`plan_placement`]: one result per card
+/// (a card that does not fit does not stop the others, so a report can show them all).
+pub fn compile_deployment(
+    config: &ModelConfig,
+    stored: &StoredFormats,
+    placement: &PlacementOptions,
+    options: &CompileOptions,
+    profile: &HardwareProfile,
+) -> Result<Vec<Result<Compiled>>> {
+    let plan = plan_placement(config, placement)?;
+    Ok(plan
+        .iter()
+        .map(|a| compile(config, stored, a, options, profile))
+        .collect())
 }
 
 /// How many matrices to stream next: enough to cover the SRAM deficit (at least one more).

@@ -2,7 +2,7 @@
 //! its memory, address, location and lifetime), matrices and their tiles, and one flat
 //! instruction stream (layers in order, then the LM head).
 //!
-//! Each instruction states what it reads and writes ([`Op::accesses`]), at the program's largest
+//! Each instruction states what it reads and writes ([`Program::accesses`]), at the program's largest
 //! shape (`max_tokens` tokens, every local expert receiving every token): that is what the
 //! sanitizer proves. At run time the row counts are smaller and every instruction of an expert
 //! uses the same count, so the proof covers them.

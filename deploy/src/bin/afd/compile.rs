@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use corsair_ffn::assignment::{PlacementOptions, plan_placement};
-use corsair_ffn::compiler::{CompileOptions, StoredFormats, compile};
+use corsair_ffn::compiler::{CompileOptions, StoredFormats, compile, compile_deployment};
 use corsair_ffn::format::FormatChoice;
 use corsair_ffn::perf::StepTime;
 use corsair_ffn::profile::HardwareProfile;
@@ -60,27 +60,21 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         }
         None => HardwareProfile::default(),
     };
-    let plan = plan_placement(
-        &config,
-        &PlacementOptions {
-            cards: args.cards,
-            replicas: vec![],
-        },
-    )?;
     let options = CompileOptions {
         format: args.format,
         max_tokens: args.max_tokens,
         allow_spill: args.allow_spill,
         ..CompileOptions::default()
     };
-    let results: Vec<Result<CardSummary, String>> = plan
-        .iter()
-        .map(|a| {
-            compile(&config, &stored, a, &options, &profile)
-                .map(|c| summarize(&c))
-                .map_err(|e| e.to_string())
-        })
-        .collect();
+    let placement = PlacementOptions {
+        cards: args.cards,
+        replicas: vec![],
+    };
+    let results: Vec<Result<CardSummary, String>> =
+        compile_deployment(&config, &stored, &placement, &options, &profile)?
+            .into_iter()
+            .map(|r| r.map(|c| summarize(&c)).map_err(|e| e.to_string()))
+            .collect();
     let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     if args.json {
         let cards: Vec<serde_json::Value> = results
