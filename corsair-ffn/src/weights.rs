@@ -214,45 +214,80 @@ impl AlignedBytes {
     }
 }
 
-/// The card's memories holding every resident region (tiles, biases) at its address.
+/// The card's memories holding every resident region (tiles, biases).
+///
+/// The host keeps them compact and in program order (matrix by matrix, tile by tile) rather
+/// than at their card addresses: the card's placement is proven by the sanitizer and modeled
+/// by the performance model; on the CPU, threads taking consecutive tiles of a matmul then read
+/// consecutive memory.
 #[derive(Debug, Clone, Default)]
 pub struct BoundMemory {
-    /// SRAM from address 0 to the end of the last resident region.
+    /// Resident SRAM regions.
     pub sram: AlignedBytes,
-    /// LPDDR from address 0 to the end of the last region.
+    /// Resident LPDDR regions.
     pub lpddr: AlignedBytes,
+    /// Host offset of each resident region (by region id; `u64::MAX` for others).
+    offsets: Vec<u64>,
+}
+
+impl BoundMemory {
+    /// The bytes of resident region `id`.
+    pub fn region(&self, program: &Program, id: u32) -> Option<&[u8]> {
+        let r = program.regions.get(id as usize)?;
+        let at = *self.offsets.get(id as usize)?;
+        if at == u64::MAX {
+            return None;
+        }
+        let image = match r.memory {
+            MemoryKind::Sram => self.sram.as_bytes(),
+            MemoryKind::Lpddr => self.lpddr.as_bytes(),
+        };
+        image.get(at as usize..(at + r.bytes) as usize)
+    }
 }
 
 /// Writes every matrix of `program` from `source` into the card's memories.
 pub fn bind(program: &Program, source: &dyn WeightSource) -> Result<BoundMemory> {
-    let end = |mem: MemoryKind| {
-        program
-            .regions
-            .iter()
-            .filter(|r| r.memory == mem && r.kind.is_resident())
-            .map(|r| r.address + r.bytes)
-            .max()
-            .unwrap_or(0) as usize
-    };
+    // Host layout: program order, 64-byte aligned.
+    let mut offsets = vec![u64::MAX; program.regions.len()];
+    let (mut sram_len, mut lpddr_len) = (0u64, 0u64);
+    for m in &program.matrices {
+        for id in m.tiles.iter().map(|t| t.region).chain(m.bias) {
+            let r = program.region(id);
+            let len = match r.memory {
+                MemoryKind::Sram => &mut sram_len,
+                MemoryKind::Lpddr => &mut lpddr_len,
+            };
+            offsets[id as usize] = *len;
+            *len += r.bytes.next_multiple_of(64);
+        }
+    }
     let mut memory = BoundMemory {
-        sram: AlignedBytes::zeroed(end(MemoryKind::Sram)),
-        lpddr: AlignedBytes::zeroed(end(MemoryKind::Lpddr)),
+        sram: AlignedBytes::zeroed(sram_len as usize),
+        lpddr: AlignedBytes::zeroed(lpddr_len as usize),
+        offsets,
     };
     let sources: Vec<MatrixSource<'_>> = program
         .matrices
         .iter()
         .map(|m| MatrixSource::find(program, m, source))
         .collect::<Result<_>>()?;
-    // One job per resident region: (memory, address, bytes, matrix, tile or bias).
+    // One job per resident region: (memory, host offset, bytes, matrix, tile or bias).
     let mut jobs: Vec<(MemoryKind, u64, u64, usize, Option<usize>)> = Vec::new();
     for (mi, m) in program.matrices.iter().enumerate() {
         for (ti, t) in m.tiles.iter().enumerate() {
             let r = program.region(t.region);
-            jobs.push((r.memory, r.address, r.bytes, mi, Some(ti)));
+            jobs.push((
+                r.memory,
+                memory.offsets[t.region as usize],
+                r.bytes,
+                mi,
+                Some(ti),
+            ));
         }
         if let Some(b) = m.bias {
             let r = program.region(b);
-            jobs.push((r.memory, r.address, r.bytes, mi, None));
+            jobs.push((r.memory, memory.offsets[b as usize], r.bytes, mi, None));
         }
     }
     for mem in [MemoryKind::Sram, MemoryKind::Lpddr] {
@@ -268,7 +303,7 @@ pub fn bind(program: &Program, source: &dyn WeightSource) -> Result<BoundMemory>
         for &(_, addr, bytes, mi, tile) in &mine {
             if addr < at {
                 return Err(Error::Weights(format!(
-                    "regions overlap at address {addr:#x}; the program is not sanitized"
+                    "a matrix lists region at host offset {addr:#x} twice; the program is malformed"
                 )));
             }
             let (_, tail) = rest.split_at_mut((addr - at) as usize);

@@ -16,7 +16,7 @@ use crate::assignment::Span;
 use crate::error::{Error, Result};
 use crate::lm_head::{CandidateOptions, LmProposal, RowSampling, propose};
 use crate::numerics::padded;
-use crate::program::{MemoryKind, Op, OutLayout, Program, RegionId, RowCount};
+use crate::program::{Op, OutLayout, Program, RegionId, RowCount};
 use crate::weights::BoundMemory;
 use arena::{Arena, f32s, f32s_mut};
 pub use kernel::KernelChoice;
@@ -73,7 +73,7 @@ pub(crate) struct Executor {
     pub program: Program,
     memory: BoundMemory,
     arena: Arena,
-    pool: rayon::ThreadPool,
+    pool: std::sync::Arc<rayon::ThreadPool>,
     kernel: KernelChoice,
     /// Pair-ordered inputs of the current matmul (reused).
     xp: Vec<f32>,
@@ -85,6 +85,7 @@ impl Executor {
             .num_threads(options.threads)
             .thread_name(|i| format!("corsair-exec-{i}"))
             .build()
+            .map(std::sync::Arc::new)
             .map_err(|e| Error::Request(format!("cannot start the executor's threads: {e}")))?;
         Ok(Executor {
             arena: Arena::new(&program),
@@ -100,20 +101,21 @@ impl Executor {
         Arena::range(&self.program, id, offset, len)
     }
 
-    /// Bytes of a resident region (SRAM or LPDDR image), or of a pool region.
+    /// Bytes of a resident region (SRAM or LPDDR).
     fn resident(&self, id: RegionId) -> Result<&[u8]> {
-        let r = self.program.region(id);
-        let image = match r.memory {
-            MemoryKind::Sram => self.memory.sram.as_bytes(),
-            MemoryKind::Lpddr => self.memory.lpddr.as_bytes(),
-        };
-        image
-            .get(r.address as usize..(r.address + r.bytes) as usize)
-            .ok_or_else(|| Error::Weights(format!("{} is not bound", r.name)))
+        self.memory
+            .region(&self.program, id)
+            .ok_or_else(|| Error::Weights(format!("{} is not bound", self.program.region(id).name)))
     }
 
-    /// Runs the instructions of `span` for one call.
+    /// Runs the instructions of `span` for one call, on the executor's pool (the whole call,
+    /// so the parallel steps inside it start without waking threads from another pool).
     pub fn run(&mut self, span: Span, call: &Call<'_>) -> Result<Produced> {
+        let pool = self.pool.clone();
+        pool.install(|| self.run_here(span, call))
+    }
+
+    fn run_here(&mut self, span: Span, call: &Call<'_>) -> Result<Produced> {
         let mut out = Produced::default();
         let n = call.tokens;
         for i in span.start..span.end {
@@ -359,17 +361,13 @@ impl Executor {
             let cols = m.columns(t.segments);
             let bytes = m.tile_bytes(t) as usize;
             let w: &[u8] = if Some(run.weights) == staging {
-                staged.get(run.weights_offset as usize..run.weights_offset as usize + bytes)
+                let at = run.weights_offset as usize;
+                staged.get(at..at + bytes)
             } else {
-                let r = self.program.region(run.weights);
-                let image = match r.memory {
-                    MemoryKind::Sram => self.memory.sram.as_bytes(),
-                    MemoryKind::Lpddr => self.memory.lpddr.as_bytes(),
-                };
-                image.get(
-                    r.address as usize + run.weights_offset as usize
-                        ..r.address as usize + run.weights_offset as usize + bytes,
-                )
+                let at = run.weights_offset as usize;
+                self.memory
+                    .region(&self.program, run.weights)
+                    .and_then(|r| r.get(at..at + bytes))
             }
             .ok_or_else(|| Error::Weights(format!("{}: tile {} is not bound", m.name, run.tile)))?;
             let off = run.partial_offset as usize / 4;
