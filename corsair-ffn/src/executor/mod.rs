@@ -1,7 +1,8 @@
 //! The executor: runs a program's instructions on the CPU with real numerics, on a thread pool.
 //!
-//! Weights are read from the bound memories at their program addresses, in their stored
-//! format; transient buffers live in one arena at their pool addresses. Tiles of a matmul run
+//! Weights are read from the bound memories ([`crate::weights::BoundMemory`]) in their stored
+//! format; transient buffers live in one arena at their pool addresses, so buffers the memory
+//! plan overlaps share storage here too. Tiles of a matmul run
 //! in parallel, each writing its own partials; reductions, activations and sums follow the
 //! numerics definition ([`crate::numerics`]), so results do not depend on the thread count.
 
