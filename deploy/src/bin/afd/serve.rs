@@ -67,7 +67,10 @@ fn bundled_model() -> PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join(BUNDLED_MODEL);
-    if repo.exists() { repo } else { here }
+    match repo.canonicalize() {
+        Ok(path) => path,
+        Err(_) => here,
+    }
 }
 
 /// What keeps a deployment alive while it serves (the cards, their I/O runtime).
@@ -222,7 +225,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         host: args.host.clone(),
         port: args.port,
         model_dir: model_dir.clone(),
-        served_model_name: args.served_model_name.clone(),
+        // The bundled model is served under its short name unless told otherwise.
+        served_model_name: args.served_model_name.clone().or_else(|| {
+            args.model.is_none().then(|| {
+                BUNDLED_MODEL
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or(BUNDLED_MODEL)
+                    .to_string()
+            })
+        }),
         ..ServerConfig::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
