@@ -181,6 +181,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
                 exec: ExecOptions {
                     threads: c.threads,
                     kernel: c.kernel,
+                    ..ExecOptions::default()
                 },
                 ..CardOptions::default()
             },
@@ -299,6 +300,7 @@ fn an_expert_is_the_same_on_any_card_count() {
                 exec: ExecOptions {
                     threads,
                     kernel: KernelChoice::Auto,
+                    ..ExecOptions::default()
                 },
                 ..Default::default()
             },

@@ -21,15 +21,11 @@ use model::{ModelWeights, ReferenceModel};
 const PROMPT: usize = 32;
 const STEPS: usize = 12;
 
-/// Seconds per decode step for `batch` sequences (prefill excluded).
-fn tpot(node: &mut dyn AttentionNode, batch: usize) -> f64 {
+/// Prefills `batch` sequences, then times `STEPS` decode steps; `decode_started` runs between.
+fn tpot(node: &mut dyn AttentionNode, batch: usize, decode_started: &mut dyn FnMut()) -> f64 {
     let bs = node.kv_capacity().block_size;
     let blocks = (PROMPT + STEPS + 1).div_ceil(bs);
-    let request = SampleRequest {
-        params: SamplingParams::greedy(),
-        penalties: Default::default(),
-        top_logprobs: 0,
-    };
+    let request = SampleRequest { params: SamplingParams::greedy(), penalties: Default::default(), top_logprobs: 0 };
     let entry = |i: usize, tokens: Vec<u32>, start: usize| StepEntry {
         seq: i as u64,
         tokens,
@@ -39,39 +35,18 @@ fn tpot(node: &mut dyn AttentionNode, batch: usize) -> f64 {
         sample: Some(request),
     };
     let prompts: Vec<StepEntry> = (0..batch)
-        .map(|i| {
-            entry(
-                i,
-                (0..PROMPT as u32)
-                    .map(|t| (t * 31 + i as u32 * 7) % 300)
-                    .collect(),
-                0,
-            )
-        })
+        .map(|i| entry(i, (0..PROMPT as u32).map(|t| (t * 31 + i as u32 * 7) % 300).collect(), 0))
         .collect();
-    let mut last: Vec<u32> = node
-        .step(&StepBatch { entries: prompts })
-        .expect("prefill")
-        .sampled
-        .iter()
-        .map(|t| t.token)
-        .collect();
+    let mut last: Vec<u32> =
+        node.step(&StepBatch { entries: prompts }).expect("prefill").sampled.iter().map(|t| t.token).collect();
+    decode_started();
     let start = Instant::now();
     for s in 0..STEPS {
-        let entries = (0..batch)
-            .map(|i| entry(i, vec![last[i]], PROMPT + s))
-            .collect();
-        last = node
-            .step(&StepBatch { entries })
-            .expect("decode")
-            .sampled
-            .iter()
-            .map(|t| t.token)
-            .collect();
+        let entries = (0..batch).map(|i| entry(i, vec![last[i]], PROMPT + s)).collect();
+        last = node.step(&StepBatch { entries }).expect("decode").sampled.iter().map(|t| t.token).collect();
     }
     let t = start.elapsed().as_secs_f64() / STEPS as f64;
-    node.free(&(0..batch as u64).collect::<Vec<_>>())
-        .expect("free");
+    node.free(&(0..batch as u64).collect::<Vec<_>>()).expect("free");
     t
 }
 
@@ -94,73 +69,73 @@ fn afd(model: &Path, transport: TransportKind, micro_batches: MicroBatches) -> A
     Afd { cluster, node }
 }
 
-/// Modeled Corsair seconds per step over a run: the slowest card's (cards run in parallel).
-fn modeled_per_step(a: &Afd, before: &[f64], steps: f64) -> f64 {
-    a.cluster
+/// Modeled Corsair seconds per decode step: the slowest card's (cards run in parallel).
+fn modeled_per_step(cluster: &EmbeddedCluster, before: &[f64]) -> f64 {
+    cluster
         .card_stats()
         .iter()
         .zip(before)
-        .map(|(s, b)| (s.modeled_seconds - b) / steps)
+        .map(|(s, b)| (s.modeled_seconds - b) / STEPS as f64)
         .fold(0.0, f64::max)
 }
 
-fn modeled(a: &Afd) -> Vec<f64> {
-    a.cluster
-        .card_stats()
-        .iter()
-        .map(|s| s.modeled_seconds)
-        .collect()
+fn modeled(cluster: &EmbeddedCluster) -> Vec<f64> {
+    cluster.card_stats().iter().map(|s| s.modeled_seconds).collect()
 }
 
+/// Best (lowest) of `ROUNDS` measurements.
+fn best(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+const ROUNDS: usize = 3;
+
 fn main() {
+    // SAFETY: first thing in main, before any thread is started.
+    unsafe { deploy::process::pin_thread_count() };
     let model: PathBuf = std::env::args()
         .nth(1)
         .expect("usage: bench_pipeline CHECKPOINT_DIR (a medium GPT-OSS synthetic checkpoint)")
         .into();
     let weights = ModelWeights::load(&model).expect("load the checkpoint");
-    let capacity = KvCacheConfig {
-        block_size: 16,
-        memory_bytes: 256 << 20,
-    }
-    .capacity(&weights.config);
-    let capacity = KvCapacity {
-        block_size: capacity.block_size,
-        num_blocks: capacity.num_blocks,
-    };
+    let capacity = KvCacheConfig { block_size: 16, memory_bytes: 256 << 20 }.capacity(&weights.config);
+    let capacity = KvCapacity { block_size: capacity.block_size, num_blocks: capacity.num_blocks };
     let mut mono = MonolithicNode::new(ReferenceModel::new(weights).expect("reference"), capacity);
     let mut quic = afd(&model, TransportKind::Quic, MicroBatches::Auto);
     let mut inproc = afd(&model, TransportKind::Inproc, MicroBatches::Auto);
     let mut no_overlap = afd(&model, TransportKind::Quic, MicroBatches::One);
     println!(
-        "checkpoint {}; 4 cards; prompt {PROMPT} tokens; {STEPS} decode steps per point",
+        "checkpoint {}; 4 cards; prompt {PROMPT} tokens; {STEPS} decode steps per point; best of {ROUNDS} interleaved rounds",
         model.display()
     );
+    let none = &mut || {};
     for batch in [1usize, 32] {
+        let (mut m, mut q, mut i, mut off, mut modeled_ms) = (vec![], vec![], vec![], vec![], vec![]);
         // Interleave so that machine noise hits every configuration alike.
-        let m = tpot(&mut mono, batch);
-        let before = modeled(&quic);
-        let q = tpot(&mut quic.node, batch);
-        // The prefill step is in the modeled total too; count it as one more step.
-        let q_model = modeled_per_step(&quic, &before, (STEPS + 1) as f64);
-        let i = tpot(&mut inproc.node, batch);
+        for _ in 0..ROUNDS {
+            m.push(tpot(&mut mono, batch, none));
+            let mut before = Vec::new();
+            q.push(tpot(&mut quic.node, batch, &mut || before = modeled(&quic.cluster)));
+            modeled_ms.push(modeled_per_step(&quic.cluster, &before) * 1e3);
+            i.push(tpot(&mut inproc.node, batch, none));
+            off.push(tpot(&mut no_overlap.node, batch, none));
+        }
+        let (m, q, i, off) = (best(&m), best(&q), best(&i), best(&off));
         println!(
-            "batch {batch:>2}: TPOT monolithic {:7.2} ms | AFD quic {:7.2} ms ({:.2}x) | AFD inproc {:7.2} ms ({:.2}x) | modeled Corsair {:6.3} ms/step",
+            "batch {batch:>2}: TPOT monolithic {:7.2} ms | AFD quic {:7.2} ms ({:.2}x) | AFD inproc {:7.2} ms ({:.2}x) | \
+             cards' modeled Corsair time {:.3} ms/step",
             m * 1e3,
             q * 1e3,
             q / m,
             i * 1e3,
             i / m,
-            q_model * 1e3
+            modeled_ms[0]
         );
-        if batch == 32 {
-            let off = tpot(&mut no_overlap.node, batch);
-            let on = tpot(&mut quic.node, batch);
-            println!(
-                "batch 32: overlap on {:7.2} ms/step, off {:7.2} ms/step: overlap gives {:.2}x the throughput",
-                on * 1e3,
-                off * 1e3,
-                off / on
-            );
-        }
+        println!(
+            "batch {batch:>2}: quic overlap on {:7.2} ms/step, off {:7.2} ms/step: overlap gives {:.2}x the throughput",
+            q * 1e3,
+            off * 1e3,
+            off / q
+        );
     }
 }

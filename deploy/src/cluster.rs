@@ -71,6 +71,9 @@ pub struct ClusterConfig {
     pub node: NodeConfig,
     /// Executor threads per card (0: every core).
     pub card_threads: usize,
+    /// CPUs the cards' threads are pinned to (bit mask; 0: no pinning). With the attention
+    /// node pinned elsewhere, cards and node behave like separate devices on a small host.
+    pub card_cpu_mask: u64,
     /// The cards' hardware profile.
     pub profile: HardwareProfile,
 }
@@ -88,6 +91,7 @@ impl ClusterConfig {
             replicas: Vec::new(),
             node: NodeConfig::default(),
             card_threads: 1,
+            card_cpu_mask: 0,
             profile: HardwareProfile::default(),
         }
     }
@@ -337,6 +341,7 @@ impl EmbeddedCluster {
                 profile: config.profile.clone(),
                 exec: ExecOptions {
                     threads: config.card_threads,
+                    cpu_mask: config.card_cpu_mask,
                     ..ExecOptions::default()
                 },
             };

@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod error;
+pub mod process;
 pub mod remote;
 
 pub use error::{Error, Result};

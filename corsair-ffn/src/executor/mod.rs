@@ -47,6 +47,23 @@ pub struct ExecOptions {
     pub threads: usize,
     /// Kernel implementation.
     pub kernel: KernelChoice,
+    /// CPUs the worker threads may run on, as a bit mask (bit `i` = CPU `i`); 0 leaves them
+    /// to the OS. Pinning cards and the attention node to separate CPUs makes them behave like
+    /// separate devices on a small host (each thread is pinned to one CPU of the mask, in turn).
+    pub cpu_mask: u64,
+}
+
+/// Pins the calling thread to the `index`-th CPU of `mask` (cycling); nothing when `mask` is 0
+/// or the OS refuses.
+pub fn pin_to_mask(mask: u64, index: usize) {
+    let cpus: Vec<usize> = (0..64).filter(|b| mask & (1u64 << b) != 0).collect();
+    if cpus.is_empty() {
+        return;
+    }
+    let id = cpus[index % cpus.len()];
+    if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
+        tracing::warn!(cpu = id, "could not pin a thread to its CPU");
+    }
 }
 
 /// What one call needs besides the program.
@@ -82,9 +99,11 @@ pub(crate) struct Executor {
 
 impl Executor {
     pub fn new(program: Program, memory: BoundMemory, options: ExecOptions) -> Result<Self> {
+        let mask = options.cpu_mask;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(options.threads)
             .thread_name(|i| format!("corsair-exec-{i}"))
+            .start_handler(move |i| pin_to_mask(mask, i))
             .build()
             .map(std::sync::Arc::new)
             .map_err(|e| Error::Request(format!("cannot start the executor's threads: {e}")))?;
@@ -142,30 +161,10 @@ impl Executor {
                     }
                     out.expert_rows[local] = count;
                 }
-                Op::Stream {
-                    matrix,
-                    tiles,
-                    staging,
-                    offsets,
-                } => {
-                    let m = &self.program.matrices[matrix as usize];
-                    if let Some(Op::MatMul { rows, .. }) = self.program.instructions.get(i + 1)
-                        && rows_of(*rows, &out) == 0
-                    {
-                        continue;
-                    }
-                    let copies: Vec<(RegionId, u64)> = tiles
-                        .iter()
-                        .zip(&offsets)
-                        .map(|(&t, &o)| (m.tiles[t as usize].region, o))
-                        .collect();
-                    for (src, off) in copies {
-                        let bytes = self.resident(src)?.to_vec();
-                        let w = self.words(staging, off as usize / 4, bytes.len().div_ceil(4))?;
-                        let ([], [dst]) = self.arena.split([], [w])?;
-                        bytemuck::cast_slice_mut::<u32, u8>(dst)[..bytes.len()]
-                            .copy_from_slice(&bytes);
-                    }
+                Op::Stream { .. } => {
+                    // Streamed tiles are read in place from their LPDDR region by the matmul
+                    // that follows (see `matmul`): on this CPU the staging copy would only
+                    // triple the memory traffic. The performance model still charges it.
                 }
                 Op::MatMul { .. } => {
                     if let Op::MatMul { rows, .. } = &op {
@@ -335,7 +334,7 @@ impl Executor {
         for (src, dst) in x.chunks_exact(k).zip(self.xp.chunks_exact_mut(kp)) {
             pair_order(src, dst);
         }
-        // Each tile's weights (resident, or in a staging buffer) and its partials chunk.
+        // Each tile's weights (resident, or streamed into a staging buffer) and its partials.
         let max = self.program.max_tokens;
         let total = (self.program.region(*partials).bytes / 4) as usize;
         let pw = Arena::range(&self.program, *partials, 0, total)?;
@@ -343,17 +342,7 @@ impl Executor {
             .iter()
             .map(|t| t.weights)
             .find(|&w| !self.program.region(w).kind.is_resident());
-        let sw = match staging {
-            Some(s) => Arena::range(
-                &self.program,
-                s,
-                0,
-                (self.program.region(s).bytes / 4) as usize,
-            )?,
-            None => 0..0,
-        };
-        let ([staged], [part]) = self.arena.split([sw], [pw])?;
-        let staged: &[u8] = bytemuck::cast_slice(staged);
+        let ([], [part]) = self.arena.split([], [pw])?;
         let mut jobs = Vec::with_capacity(tiles.len());
         let mut rest = f32s_mut(part);
         let mut at = 0usize;
@@ -362,8 +351,10 @@ impl Executor {
             let cols = m.columns(t.segments);
             let bytes = m.tile_bytes(t) as usize;
             let w: &[u8] = if Some(run.weights) == staging {
-                let at = run.weights_offset as usize;
-                staged.get(at..at + bytes)
+                // The tile's own (LPDDR) region holds exactly what `Stream` would have staged.
+                self.memory
+                    .region(&self.program, t.region)
+                    .and_then(|r| r.get(..bytes))
             } else {
                 let at = run.weights_offset as usize;
                 self.memory

@@ -325,9 +325,13 @@ impl CardHost {
             stop: self.stop.clone(),
         };
         let name = format!("card-{}-worker", self.config.index);
+        let mask = self.config.exec.cpu_mask;
         let handle = std::thread::Builder::new()
             .name(name)
-            .spawn(move || worker.run())
+            .spawn(move || {
+                crate::executor::pin_to_mask(mask, 0);
+                worker.run()
+            })
             .map_err(|e| ServiceError::Invalid(format!("cannot start a worker thread: {e}")))?;
         self.workers
             .lock()

@@ -47,6 +47,8 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    // SAFETY: first thing in main, before any thread is started.
+    unsafe { deploy::process::pin_thread_count() };
     let cli = Cli::parse();
     match cli.command {
         Command::Attention(args) => attention::run(args),
