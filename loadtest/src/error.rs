@@ -62,6 +62,22 @@ pub enum Error {
         reason: String,
     },
 
+    /// A result file given to `compare` could not be read or is not a result.
+    #[error(
+        "could not use {path} as a benchmark result: {reason}. Pass per-run result JSON files \
+         (afd-loadtest's or vllm bench serve's), sweep summaries, or folders of them"
+    )]
+    CompareInput {
+        /// The file or folder.
+        path: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
+
+    /// The results given to `compare` cannot be compared as asked.
+    #[error("cannot compare: {0}")]
+    Compare(String),
+
     /// Drawing a plot failed.
     #[error("could not draw plot {path}: {reason}")]
     Plot {

@@ -7,7 +7,8 @@
 //!
 //! Layout: a deterministic, I/O-free core (`arrival`, `prompts`, `sse`, `record`, `stats`,
 //! `metrics`, `report`) and a thin async shell (`client`, `runner`, `sweep`) plus file
-//! writers (`output`, `plot`). The entry points are [`run_benchmark`] (one configuration
+//! writers (`output`, `plot`). `compare` puts several variants' results side by side (medians
+//! over repeated runs, ratios against a baseline, a markdown table and plots). The entry points are [`run_benchmark`] (one configuration
 //! against one base URL) and [`run_sweep`]; the `afd-loadtest` binary is a CLI over them.
 //!
 //! ```no_run
@@ -27,6 +28,7 @@
 
 pub mod arrival;
 pub mod client;
+pub mod compare;
 pub mod config;
 pub mod error;
 pub mod metrics;

@@ -1,13 +1,15 @@
 //! `afd-loadtest`: measure TTFT, TPOT, ITL, throughput and goodput of any OpenAI-compatible
 //! server under load, the way `vllm bench serve` does, and write vLLM-compatible JSON, a table
-//! and SVG plots. A thin CLI over the `loadtest` library.
+//! and SVG plots. `afd-loadtest compare` puts several runs' results side by side. A thin CLI
+//! over the `loadtest` library.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
+use loadtest::compare::{Comparison, InputSpec, read_inputs, write_comparison};
 use loadtest::report::{format_result, format_sweep};
 use loadtest::{
     BenchmarkConfig, EndpointKind, OutputOptions, PromptConfig, PromptSource, SloTarget, Sweep,
@@ -35,8 +37,17 @@ enum PromptSourceArg {
 
 /// Load-test an OpenAI-compatible server (afd, vLLM, ...) with vLLM `bench serve` metrics.
 #[derive(Debug, Parser)]
-#[command(name = "afd-loadtest", version, about, long_about = None)]
+#[command(
+    name = "afd-loadtest",
+    version,
+    about,
+    long_about = None,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
     /// Server root, without /v1.
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     base_url: String,
@@ -129,6 +140,44 @@ struct Cli {
     no_progress: bool,
 }
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Put several variants' results side by side: medians over repeated runs per concurrency,
+    /// ratios against a baseline, a markdown table (also printed) and SVG plots.
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CompareArgs {
+    /// Results as [LABEL=]PATH: PATH is a result JSON, a sweep summary or a folder of results;
+    /// LABEL names the variant (default: each result's own label).
+    #[arg(required = true)]
+    inputs: Vec<InputSpec>,
+    /// The variant ratios are taken against (default: the first one given).
+    #[arg(long)]
+    baseline: Option<String>,
+    /// Folder for comparison.md, comparison.json, tpot.svg, throughput.svg and ttft.svg.
+    #[arg(long, default_value = "bench-compare")]
+    out: PathBuf,
+    /// Title of the table and the plots.
+    #[arg(long, default_value = "afd-loadtest comparison")]
+    title: String,
+}
+
+fn run_compare(args: &CompareArgs) -> anyhow::Result<ExitCode> {
+    let points = read_inputs(&args.inputs)?;
+    let comparison = Comparison::new(&points, args.baseline.as_deref())?;
+    let written = write_comparison(&comparison, &args.title, &args.out)?;
+    print!("{}", loadtest::compare::markdown(&comparison, &args.title));
+    for path in [&written.markdown, &written.json]
+        .into_iter()
+        .chain(&written.plots)
+    {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 impl Cli {
     fn config(&self) -> anyhow::Result<BenchmarkConfig> {
         let source = match (self.prompt_source, &self.prompt_file) {
@@ -197,7 +246,11 @@ impl Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(&cli) {
+    let outcome = match &cli.command {
+        Some(Command::Compare(args)) => run_compare(args),
+        None => run(&cli),
+    };
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("afd-loadtest: error: {e:#}");
