@@ -24,7 +24,7 @@
 //! For filtered sampling the node recomputes the Gumbel scores of the allowed candidates with
 //! [`model::sampling::gumbel_score`] and takes the best; the cards' `gumbel` is for unfiltered rows.
 
-use model::sampling::{SamplingParams, gumbel_score, log_sum_exp};
+use model::sampling::{SamplingParams, gumbel_winner, log_sum_exp};
 use serde::{Deserialize, Serialize};
 
 /// How one token row picks its next token.
@@ -125,25 +125,14 @@ pub fn propose(
     }
     idx.sort_unstable_by(order);
     idx.truncate(want);
-    let gumbel = sampled.then(|| {
-        let mut best = GumbelWinner {
-            token: first_id,
-            logit: logits.first().copied().unwrap_or(f32::NEG_INFINITY),
-            score: f64::NEG_INFINITY,
-        };
-        for (i, &l) in logits.iter().enumerate() {
-            let token = first_id + i as u32;
-            let score = gumbel_score(l, p, row.position, token);
-            if score > best.score {
-                best = GumbelWinner {
-                    token,
-                    logit: l,
-                    score,
-                };
-            }
-        }
-        best
-    });
+    let gumbel = sampled
+        .then(|| gumbel_winner(logits, p, row.position, first_id))
+        .flatten()
+        .map(|(i, score)| GumbelWinner {
+            token: first_id + i as u32,
+            logit: logits[i],
+            score,
+        });
     LmProposal {
         candidates: idx
             .iter()

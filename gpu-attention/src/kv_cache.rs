@@ -1,13 +1,17 @@
-//! The paged KV cache: per layer, one key and one value tensor of `num_blocks * block_size`
-//! token slots on the node's candle `Device`. The router allocates blocks; each step hands the
-//! node every scheduled sequence's block table, and [`PagedStep`] implements the model crate's
-//! [`KvCache`] trait over those tables, so the attention math is the reference's.
+//! The paged KV cache: per layer, one key and one value buffer of `num_blocks * block_size`
+//! token slots. The router allocates blocks; each step hands the node every scheduled
+//! sequence's block table, and [`PagedStep`] implements the model crate's [`KvCache`] trait
+//! over those tables, so the attention math is the reference's. A sequence's history is read
+//! in place, one run per block.
+//!
+//! The slots are host memory because attention runs on the CPU here; a GPU build would keep
+//! them in device memory behind the same trait, with a paged-attention kernel reading them.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
-use candle_core::{DType, Device, Tensor};
 use model::ModelConfig;
-use model::forward::attention::{KvCache, SeqId};
+use model::forward::attention::{KvCache, KvRun, SeqId};
 
 use crate::step::KvCapacity;
 
@@ -49,35 +53,25 @@ impl KvCacheConfig {
 #[derive(Debug)]
 pub struct PagedKvCache {
     capacity: KvCapacity,
-    kv_heads: usize,
-    head_dim: usize,
-    /// Per layer: `[num_blocks * block_size, kv_heads, head_dim]`.
-    keys: Vec<Tensor>,
-    values: Vec<Tensor>,
+    /// Floats per slot (`kv_heads * head_dim`).
+    row: usize,
+    /// Per layer: `[num_blocks * block_size, kv_heads * head_dim]`.
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
 }
 
 impl PagedKvCache {
-    /// Allocates the cache on `device`.
-    pub fn new(
-        model: &ModelConfig,
-        capacity: KvCapacity,
-        device: &Device,
-    ) -> candle_core::Result<Self> {
-        let slots = capacity.num_blocks * capacity.block_size;
-        let shape = (slots, model.num_kv_heads, model.head_dim);
-        let mut keys = Vec::with_capacity(model.num_layers());
-        let mut values = Vec::with_capacity(model.num_layers());
-        for _ in 0..model.num_layers() {
-            keys.push(Tensor::zeros(shape, DType::F32, device)?);
-            values.push(Tensor::zeros(shape, DType::F32, device)?);
-        }
-        Ok(PagedKvCache {
+    /// Allocates the cache (zeroed pages are only touched when first written).
+    pub fn new(model: &ModelConfig, capacity: KvCapacity) -> Self {
+        let row = model.kv_dim();
+        let floats = capacity.num_blocks * capacity.block_size * row;
+        let layers = model.num_layers();
+        PagedKvCache {
             capacity,
-            kv_heads: model.num_kv_heads,
-            head_dim: model.head_dim,
-            keys,
-            values,
-        })
+            row,
+            keys: (0..layers).map(|_| vec![0f32; floats]).collect(),
+            values: (0..layers).map(|_| vec![0f32; floats]).collect(),
+        }
     }
 
     /// The geometry.
@@ -93,10 +87,12 @@ impl PagedKvCache {
         }
     }
 
-    /// Slot index of position `p` under `table`.
-    fn slot(&self, table: &[u32], p: usize) -> usize {
+    /// Slot index of position `p` under `table`, if the table reaches that far and names a
+    /// block that exists.
+    fn slot(&self, table: &[u32], p: usize) -> Option<usize> {
         let bs = self.capacity.block_size;
-        table[p / bs] as usize * bs + p % bs
+        let block = *table.get(p / bs)? as usize;
+        (block < self.capacity.num_blocks).then_some(block * bs + p % bs)
     }
 }
 
@@ -107,43 +103,87 @@ pub struct PagedStep<'a> {
     tables: &'a HashMap<SeqId, (&'a [u32], usize)>,
 }
 
+impl<'a> PagedStep<'a> {
+    /// The block table of `seq` and the tokens it held before this step.
+    fn table(&self, seq: SeqId) -> model::Result<(&'a [u32], usize)> {
+        let tables: &'a HashMap<SeqId, (&'a [u32], usize)> = self.tables;
+        tables.get(&seq).copied().ok_or_else(|| {
+            model::Error::InvalidInput(format!("sequence {seq} has no block table this step"))
+        })
+    }
+
+    /// The slot of position `p` of `seq`, or an error naming what is missing.
+    fn slot(&self, seq: SeqId, table: &[u32], p: usize) -> model::Result<usize> {
+        self.cache.slot(table, p).ok_or_else(|| {
+            model::Error::InvalidInput(format!(
+                "position {p} of sequence {seq} is outside its block table ({} blocks of {})",
+                table.len(),
+                self.cache.capacity.block_size
+            ))
+        })
+    }
+}
+
 impl KvCache for PagedStep<'_> {
-    fn append(
+    fn store(
         &mut self,
         layer: usize,
         seq: SeqId,
-        k: &Tensor,
-        v: &Tensor,
-    ) -> model::Result<(Tensor, Tensor)> {
-        let (table, start) = *self.tables.get(&seq).ok_or_else(|| {
-            model::Error::InvalidInput(format!("sequence {seq} has no block table this step"))
-        })?;
-        let (_, t, _) = k.dims3()?;
-        let c = &*self.cache;
-        let bs = c.capacity.block_size;
-        let k_rows = k.transpose(0, 1)?.contiguous()?;
-        let v_rows = v.transpose(0, 1)?.contiguous()?;
-        // Write runs of consecutive positions that share a block in one slice_set each.
-        let mut i = 0;
-        while i < t {
-            let p = start + i;
-            let run = (bs - p % bs).min(t - i);
-            let slot = c.slot(table, p);
-            c.keys[layer].slice_set(&k_rows.narrow(0, i, run)?, 0, slot)?;
-            c.values[layer].slice_set(&v_rows.narrow(0, i, run)?, 0, slot)?;
-            i += run;
+        past: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> model::Result<()> {
+        let (table, start) = self.table(seq)?;
+        let row = self.cache.row;
+        if start != past
+            || k.len() != v.len()
+            || !k.len().is_multiple_of(row)
+            || layer >= self.cache.keys.len()
+        {
+            return Err(model::Error::InvalidInput(format!(
+                "sequence {seq} at layer {layer}: {start} tokens cached, {past} expected, \
+                 {} key and {} value floats for rows of {row}",
+                k.len(),
+                v.len()
+            )));
         }
-        let total = start + t;
-        let slots: Vec<u32> = (0..total).map(|p| c.slot(table, p) as u32).collect();
-        let index = Tensor::from_vec(slots, total, c.keys[layer].device())?;
-        let gather = |cache: &Tensor| -> candle_core::Result<Tensor> {
-            cache
-                .index_select(&index, 0)?
-                .reshape((total, c.kv_heads, c.head_dim))?
-                .transpose(0, 1)?
-                .contiguous()
+        for (i, (kr, vr)) in k.chunks_exact(row).zip(v.chunks_exact(row)).enumerate() {
+            let at = self.slot(seq, table, past + i)? * row;
+            self.cache.keys[layer][at..at + row].copy_from_slice(kr);
+            self.cache.values[layer][at..at + row].copy_from_slice(vr);
+        }
+        Ok(())
+    }
+
+    fn history<'s>(
+        &'s self,
+        layer: usize,
+        seq: SeqId,
+        positions: Range<usize>,
+        out: &mut Vec<KvRun<'s>>,
+    ) -> model::Result<()> {
+        let (table, _) = self.table(seq)?;
+        let (bs, row) = (self.cache.capacity.block_size, self.cache.row);
+        let (keys, values) = match (self.cache.keys.get(layer), self.cache.values.get(layer)) {
+            (Some(k), Some(v)) => (k, v),
+            _ => {
+                return Err(model::Error::InvalidInput(format!(
+                    "layer {layer} is outside the KV cache"
+                )));
+            }
         };
-        Ok((gather(&c.keys[layer])?, gather(&c.values[layer])?))
+        let mut p = positions.start;
+        while p < positions.end {
+            let run = (bs - p % bs).min(positions.end - p);
+            let at = self.slot(seq, table, p)? * row;
+            let span = at..at + run * row;
+            out.push(KvRun {
+                keys: &keys[span.clone()],
+                values: &values[span],
+            });
+            p += run;
+        }
+        Ok(())
     }
 }
 
@@ -157,33 +197,67 @@ mod tests {
         ModelConfig::from_json(json, std::path::Path::new("config.json")).unwrap()
     }
 
+    /// Reads a cache's whole history of `seq` at layer 1 as (keys, values).
+    fn read(cache: &dyn KvCache, seq: SeqId, len: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut runs = Vec::new();
+        cache.history(1, seq, 0..len, &mut runs).unwrap();
+        let k = runs.iter().flat_map(|r| r.keys.iter().copied()).collect();
+        let v = runs.iter().flat_map(|r| r.values.iter().copied()).collect();
+        (k, v)
+    }
+
     #[test]
     fn paged_history_equals_contiguous_history() {
         let cfg = config();
-        let dev = Device::Cpu;
         let capacity = KvCacheConfig {
             block_size: 3,
             memory_bytes: 1 << 20,
         }
         .capacity(&cfg);
-        let mut paged = PagedKvCache::new(&cfg, capacity, &dev).unwrap();
-        let mut contiguous = model::forward::attention::ContiguousKvCache::new();
+        let mut paged = PagedKvCache::new(&cfg, capacity);
+        let mut contiguous = model::forward::attention::ContiguousKvCache::new(cfg.kv_dim());
         // Scattered, out-of-order blocks.
         let table = [7u32, 2, 5, 0];
         let mut start = 0;
         for (step, t) in [4usize, 1, 3, 2].into_iter().enumerate() {
-            let k = Tensor::arange((step * 100) as f32, (step * 100 + t * 8) as f32, &dev)
-                .unwrap()
-                .reshape((1, t, 8))
-                .unwrap();
-            let v = (&k * 2.0).unwrap();
+            let k: Vec<f32> = (0..t * 8).map(|i| (step * 100 + i) as f32).collect();
+            let v: Vec<f32> = k.iter().map(|x| x * 2.0).collect();
             let tables = HashMap::from([(9u64, (&table[..], start))]);
-            let (pk, pv) = paged.step(&tables).append(1, 9, &k, &v).unwrap();
-            let (ck, cv) = contiguous.append(1, 9, &k, &v).unwrap();
-            assert_eq!(pk.to_vec3::<f32>().unwrap(), ck.to_vec3::<f32>().unwrap());
-            assert_eq!(pv.to_vec3::<f32>().unwrap(), cv.to_vec3::<f32>().unwrap());
+            let mut view = paged.step(&tables);
+            view.store(1, 9, start, &k, &v).unwrap();
+            contiguous.store(1, 9, start, &k, &v).unwrap();
             start += t;
+            assert_eq!(read(&view, 9, start), read(&contiguous, 9, start));
         }
+    }
+
+    #[test]
+    fn positions_outside_the_block_table_are_errors() {
+        let cfg = config();
+        let capacity = KvCacheConfig {
+            block_size: 2,
+            memory_bytes: 1 << 12,
+        }
+        .capacity(&cfg);
+        let mut paged = PagedKvCache::new(&cfg, capacity);
+        let table = [0u32];
+        let tables = HashMap::from([(1u64, (&table[..], 0))]);
+        let mut view = paged.step(&tables);
+        let rows = vec![1f32; 3 * 8];
+        // Three positions need two blocks; the table has one.
+        assert!(view.store(0, 1, 0, &rows, &rows).is_err());
+        // A past that disagrees with the table is refused.
+        assert!(view.store(0, 1, 1, &rows[..8], &rows[..8]).is_err());
+        // An unknown sequence is refused.
+        assert!(view.store(0, 2, 0, &rows[..8], &rows[..8]).is_err());
+        let bad = [u32::MAX];
+        let tables = HashMap::from([(1u64, (&bad[..], 0))]);
+        assert!(
+            paged
+                .step(&tables)
+                .store(0, 1, 0, &rows[..8], &rows[..8])
+                .is_err()
+        );
     }
 
     #[test]

@@ -212,8 +212,7 @@ impl DisaggregatedNode {
             .collect::<model::Result<Vec<_>>>()
             .map_err(model_error)?;
         let capacity: KvCapacity = node.kv.capacity(&config);
-        let cache = PagedKvCache::new(&config, capacity, &device)
-            .map_err(|e| StepError::Model(e.to_string()))?;
+        let cache = PagedKvCache::new(&config, capacity);
         Ok(DisaggregatedNode {
             rope: Rope::new(&config),
             embed: weights.embed.clone(),

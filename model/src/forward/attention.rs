@@ -3,21 +3,20 @@
 //! projection.
 //!
 //! Tokens of several sequences arrive flattened (`[tokens, hidden]`), each sequence a
-//! [`SeqSpan`]; projections run once over all rows, attention runs per sequence against that
-//! sequence's cache. The cache is behind the [`KvCache`] trait so that the attention node can
-//! use a paged cache while the reference uses a contiguous one.
+//! [`SeqSpan`]; projections and RoPE run once over all rows, attention runs per sequence
+//! against that sequence's cache: short spans (decode) as row loops over the cache's memory
+//! ([`super::attend`]), long prompt chunks as matmuls ([`attention_core`]). The cache is behind
+//! the [`KvCache`] trait so that the attention node can use a paged cache while the reference
+//! uses a contiguous one.
 
-use std::collections::HashMap;
+use candle_core::{DType, Device, Tensor};
 
-use candle_core::{Device, Tensor};
-
-use super::ops::{rms_norm, vector};
+use super::attend::RowAttention;
+pub use super::kv_cache::{ContiguousKvCache, KvCache, KvRun, SeqId};
+use super::ops::{rms_norm, to_f32_vec, vector};
 use crate::config::{AttentionKind, ModelConfig};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::weights::{LayerWeights, Linear};
-
-/// Identifies a sequence across steps.
-pub type SeqId = u64;
 
 /// Where one sequence's new tokens sit in a flattened batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,67 +31,6 @@ pub struct SeqSpan {
     pub past: usize,
 }
 
-/// Storage of keys and values per (layer, sequence).
-pub trait KvCache {
-    /// Appends `k` and `v` (`[kv_heads, t, head_dim]`) of `seq` at `layer` and returns every key
-    /// and value of the sequence so far (`[kv_heads, past + t, head_dim]`).
-    fn append(
-        &mut self,
-        layer: usize,
-        seq: SeqId,
-        k: &Tensor,
-        v: &Tensor,
-    ) -> Result<(Tensor, Tensor)>;
-}
-
-/// A KV cache that keeps one growing tensor per (layer, sequence).
-#[derive(Debug, Default)]
-pub struct ContiguousKvCache {
-    entries: HashMap<(usize, SeqId), (Tensor, Tensor)>,
-}
-
-impl ContiguousKvCache {
-    /// An empty cache.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Drops everything cached for `seq`.
-    pub fn free(&mut self, seq: SeqId) {
-        self.entries.retain(|(_, s), _| *s != seq);
-    }
-
-    /// Tokens cached for `seq` (0 if unknown).
-    pub fn len(&self, seq: SeqId) -> usize {
-        self.entries
-            .get(&(0, seq))
-            .and_then(|(k, _)| k.dim(1).ok())
-            .unwrap_or(0)
-    }
-
-    /// Whether nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-}
-
-impl KvCache for ContiguousKvCache {
-    fn append(
-        &mut self,
-        layer: usize,
-        seq: SeqId,
-        k: &Tensor,
-        v: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        let entry = match self.entries.remove(&(layer, seq)) {
-            Some((pk, pv)) => (Tensor::cat(&[&pk, k], 1)?, Tensor::cat(&[&pv, v], 1)?),
-            None => (k.clone(), v.clone()),
-        };
-        self.entries.insert((layer, seq), entry.clone());
-        Ok(entry)
-    }
-}
-
 /// One layer's attention, with its small tensors prepared on the device.
 #[derive(Debug, Clone)]
 pub struct AttentionBlock {
@@ -103,6 +41,8 @@ pub struct AttentionBlock {
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     sinks: Option<Tensor>,
+    /// The sinks again, on the host, for the row kernel.
+    sink_values: Option<Vec<f32>>,
     kind: AttentionKind,
     num_heads: usize,
     num_kv_heads: usize,
@@ -129,6 +69,7 @@ impl AttentionBlock {
             q_norm: prep(&a.q_norm)?,
             k_norm: prep(&a.k_norm)?,
             sinks: prep(&a.sinks)?,
+            sink_values: a.sinks.clone(),
             kind: config.layers[layer].attention,
             num_heads: config.num_heads,
             num_kv_heads: config.num_kv_heads,
@@ -167,36 +108,77 @@ impl AttentionBlock {
         };
         let q = rope(q)?;
         let k = rope(k)?;
-        let v = v.transpose(0, 1)?.contiguous()?;
-        let mut outputs = Vec::with_capacity(spans.len());
+        // Host rows `[n, heads * d]` / `[n, kv_heads * d]`: what the cache stores and the row
+        // kernel reads.
+        let host_rows = |x: &Tensor| -> Result<Vec<f32>> {
+            to_f32_vec(&x.transpose(0, 1)?.contiguous()?.to_dtype(DType::F32)?)
+        };
+        let q_rows = host_rows(&q)?;
+        let k_rows = host_rows(&k)?;
+        let v_rows = to_f32_vec(&v.contiguous()?.to_dtype(DType::F32)?)?;
+        let (q_w, kv_w) = (nh * d, nkv * d);
+        let rows = RowAttention {
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: d,
+            scale: self.scale as f32,
+            kind: self.kind,
+            sinks: self.sink_values.as_deref(),
+        };
+        let mut out = vec![0f32; n * q_w];
+        let mut scores = Vec::new();
         for span in spans {
-            let qs = q.narrow(1, span.start, span.len)?.contiguous()?;
-            let ks = k.narrow(1, span.start, span.len)?.contiguous()?;
-            let vs = v.narrow(1, span.start, span.len)?.contiguous()?;
-            let (k_all, v_all) = cache.append(layer, span.seq, &ks, &vs)?;
-            let cached = k_all.dim(1)?;
-            if cached != span.past + span.len {
-                return Err(Error::InvalidInput(format!(
-                    "sequence {} has {} cached tokens at layer {layer}, expected {}",
-                    span.seq,
-                    cached - span.len,
-                    span.past
-                )));
-            }
-            outputs.push(attention_core(
-                &qs,
-                &k_all,
-                &v_all,
+            let (a, b) = (span.start, span.start + span.len);
+            cache.store(
+                layer,
+                span.seq,
                 span.past,
-                self.kind,
-                self.sinks.as_ref(),
-                self.scale,
-            )?);
+                &k_rows[a * kv_w..b * kv_w],
+                &v_rows[a * kv_w..b * kv_w],
+            )?;
+            let total = span.past + span.len;
+            let out_rows = &mut out[a * q_w..b * q_w];
+            if span.len <= ROW_KERNEL_MAX_QUERIES {
+                let first_key = match self.kind {
+                    AttentionKind::Full => 0,
+                    AttentionKind::Sliding { window } => (span.past + 1).saturating_sub(window),
+                };
+                let mut runs = Vec::new();
+                cache.history(layer, span.seq, first_key..total, &mut runs)?;
+                let q_span = &q_rows[a * q_w..b * q_w];
+                rows.attend(q_span, span.past, first_key, &runs, &mut scores, out_rows);
+            } else {
+                let mut runs = Vec::new();
+                cache.history(layer, span.seq, 0..total, &mut runs)?;
+                let history = |values: bool| -> Result<Tensor> {
+                    let flat: Vec<f32> = runs
+                        .iter()
+                        .flat_map(|r| if values { r.values } else { r.keys }.iter().copied())
+                        .collect();
+                    Ok(Tensor::from_vec(flat, (total, nkv, d), h.device())?
+                        .transpose(0, 1)?
+                        .contiguous()?)
+                };
+                let o = attention_core(
+                    &q.narrow(1, a, span.len)?.contiguous()?,
+                    &history(false)?,
+                    &history(true)?,
+                    span.past,
+                    self.kind,
+                    self.sinks.as_ref(),
+                    self.scale,
+                )?;
+                out_rows.copy_from_slice(&to_f32_vec(&o.to_dtype(DType::F32)?)?);
+            }
         }
-        let o = Tensor::cat(&outputs, 0)?;
+        let o = Tensor::from_vec(out, (n, q_w), h.device())?.to_dtype(h.dtype())?;
         self.o.forward(&o)
     }
 }
+
+/// Spans of at most this many new tokens (decode, short chunks) take the row kernel; longer
+/// prompt chunks take the matmul path, where the matmul's throughput pays for its set-up.
+const ROW_KERNEL_MAX_QUERIES: usize = 4;
 
 /// Grouped-query attention of one sequence: `q` `[heads, t, d]` at positions `past..past + t`
 /// against the sequence's whole history `k`, `v` (`[kv_heads, past + t, d]`). Returns

@@ -5,7 +5,9 @@
 //! [`attention::AttentionBlock`] (norms, projections, RoPE, cache, sinks, window),
 //! [`moe::route`] and [`moe::gated_mlp`] (routing and expert math), [`LmHead`].
 
+pub mod attend;
 pub mod attention;
+pub mod kv_cache;
 pub mod moe;
 pub mod ops;
 pub mod rope;
@@ -122,12 +124,12 @@ impl ReferenceModel {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(ReferenceModel {
+            cache: ContiguousKvCache::new(weights.config.kv_dim()),
             rope: rope::Rope::new(&weights.config),
             lm_head: LmHead::new(&weights, &device)?,
             layers,
             device,
             weights,
-            cache: ContiguousKvCache::new(),
             seq_lens: HashMap::new(),
         })
     }
