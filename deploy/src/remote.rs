@@ -130,3 +130,34 @@ pub fn connect_remote_node(
         runtime.handle().clone(),
     )
 }
+
+/// Connects a frontend to running `afd attention` processes at `addresses` (`host:port` or
+/// URLs), in order, retrying each for up to `patience` while it is still starting (loading
+/// weights, connecting its cards). The nodes drive their gRPC channels on `runtime`; call from a
+/// plain thread.
+pub fn connect_attention_nodes(
+    addresses: &[String],
+    patience: std::time::Duration,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<Vec<gpu_attention::remote::RemoteNode>> {
+    let deadline = std::time::Instant::now() + patience;
+    let mut nodes = Vec::with_capacity(addresses.len());
+    for address in addresses {
+        let url = grpc_url(address);
+        let node = loop {
+            match gpu_attention::remote::RemoteNode::connect(&url, runtime.handle().clone()) {
+                Ok(node) => break node,
+                Err(e) if std::time::Instant::now() >= deadline => {
+                    return Err(Error::Config(format!(
+                        "{e}; is `afd attention --listen {address}` running and connected to its \
+                         cards? (gave up after {:.0} s)",
+                        patience.as_secs_f64()
+                    )));
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+            }
+        };
+        nodes.push(node);
+    }
+    Ok(nodes)
+}

@@ -90,6 +90,8 @@ pub fn run(args: CardArgs) -> anyhow::Result<()> {
     let served = runtime.block_on(async {
         tonic::transport::Server::builder()
             .add_service(service)
+            // The standard gRPC health service too, for Kubernetes' grpc probes.
+            .add_service(tonic_health::server::health_reporter().1)
             .serve_with_shutdown(args.listen, async {
                 let _ = tokio::signal::ctrl_c().await;
             })

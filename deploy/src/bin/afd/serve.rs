@@ -3,6 +3,9 @@
 //!
 //! Without flags it serves the small GPT-OSS-architecture model that ships in the repository
 //! (`models/afd-tiny-gpt-oss`) on 2 cards at 127.0.0.1:8000.
+//!
+//! With `--attention-addrs` it is the frontend alone (HTTP server and router) over running
+//! `afd attention` processes, the shape `afd up` and Kubernetes deployments use.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,6 +56,15 @@ pub struct ServeArgs {
     /// the disaggregated path; for comparisons.
     #[arg(long)]
     reference: bool,
+    /// Frontend only: step through running `afd attention` processes at these addresses
+    /// (host:port, comma-separated) instead of starting cards and attention nodes here. The
+    /// cluster flags then do not apply, except --max-num-batched-tokens, which must match the
+    /// nodes'.
+    #[arg(long, value_delimiter = ',', conflicts_with = "reference")]
+    attention_addrs: Vec<String>,
+    /// Seconds to keep retrying --attention-addrs while they are still starting.
+    #[arg(long, default_value_t = 300.0)]
+    connect_timeout: f64,
     #[command(flatten)]
     cluster: ClusterArgs,
 }
@@ -79,6 +91,30 @@ pub enum Deployment {
     Embedded(Arc<EmbeddedCluster>),
     /// The reference model; nothing to keep.
     Reference,
+    /// Attention nodes in other processes, reached over gRPC driven by this runtime.
+    Remote {
+        /// Kept alive while the nodes' channels are in use.
+        _runtime: tokio::runtime::Runtime,
+    },
+}
+
+/// Connects to running attention processes (frontend-only mode).
+fn remote_nodes(
+    addresses: &[String],
+    patience: std::time::Duration,
+) -> anyhow::Result<(Deployment, Vec<Box<dyn AttentionNode>>)> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("afd-step-client")
+        .enable_all()
+        .build()
+        .context("starting the gRPC client runtime")?;
+    let nodes = deploy::remote::connect_attention_nodes(addresses, patience, &runtime)
+        .context("connecting to the attention nodes")?
+        .into_iter()
+        .map(|node| Box::new(node) as Box<dyn AttentionNode>)
+        .collect();
+    Ok((Deployment::Remote { _runtime: runtime }, nodes))
 }
 
 /// Builds the attention nodes of a deployment: the one place that decides what a node is
@@ -169,25 +205,38 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.attention_nodes == 0 {
         bail!("--attention-nodes must be at least 1");
     }
+    let frontend_only = !args.attention_addrs.is_empty();
     let mut cluster = args.cluster.config(model_dir.clone());
-    cluster.attention_nodes = args.attention_nodes;
+    cluster.attention_nodes = if frontend_only {
+        args.attention_addrs.len()
+    } else {
+        args.attention_nodes
+    };
     let model_config = model::ModelConfig::from_file(&model_dir.join("config.json"))
         .with_context(|| format!("reading {}", model_dir.join("config.json").display()))?;
 
-    let bar = progress_bar(&cluster, args.reference);
-    bar.set_message(format!("loading {}", model_dir.display()));
-    let (deployment, nodes) = build_nodes(&cluster, args.reference, &mut |event| {
-        match event {
-            StartEvent::LoadingCard(i, n) => {
-                bar.set_message(format!("compiling and loading card {}/{n}", i + 1))
+    let (deployment, nodes) = if frontend_only {
+        remote_nodes(
+            &args.attention_addrs,
+            std::time::Duration::from_secs_f64(args.connect_timeout.max(0.0)),
+        )?
+    } else {
+        let bar = progress_bar(&cluster, args.reference);
+        bar.set_message(format!("loading {}", model_dir.display()));
+        let built = build_nodes(&cluster, args.reference, &mut |event| {
+            match event {
+                StartEvent::LoadingCard(i, n) => {
+                    bar.set_message(format!("compiling and loading card {}/{n}", i + 1))
+                }
+                StartEvent::ConnectingNode(j, m) => {
+                    bar.set_message(format!("connecting attention node {}/{m}", j + 1))
+                }
             }
-            StartEvent::ConnectingNode(j, m) => {
-                bar.set_message(format!("connecting attention node {}/{m}", j + 1))
-            }
-        }
-        bar.inc(1);
-    })?;
-    bar.finish_with_message("ready");
+            bar.inc(1);
+        })?;
+        bar.finish_with_message("ready");
+        built
+    };
 
     let capacity = nodes
         .iter()
@@ -219,7 +268,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Deployment::Embedded(c) => Some(Arc::new(ClusterStats {
             cluster: Arc::clone(c),
         })),
-        Deployment::Reference => None,
+        Deployment::Reference | Deployment::Remote { .. } => None,
     };
     let server_config = ServerConfig {
         host: args.host.clone(),
@@ -246,6 +295,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let server = Server::bind(server_config, router, afd_stats).await?;
         let what = if args.reference {
             "the reference forward".to_string()
+        } else if frontend_only {
+            format!("attention node(s) at {}", args.attention_addrs.join(","))
         } else {
             format!("{} card(s) over {:?}", cluster.cards, cluster.transport)
         };
