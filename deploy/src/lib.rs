@@ -7,6 +7,7 @@
 //! Must not: hold model numerics or protocol logic of its own; it wires the other crates together.
 
 pub mod cluster;
+pub mod deployment;
 pub mod error;
 pub mod process;
 pub mod remote;

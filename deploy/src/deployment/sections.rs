@@ -1,0 +1,291 @@
+//! The sections of a deployment file. Every key has a default, so a file names only what it
+//! changes; unknown keys are refused (a typo must not silently fall back to a default).
+
+use std::path::PathBuf;
+
+use corsair_ffn::FormatChoice;
+use gpu_attention::MicroBatches;
+use model::Family;
+use proto::data::WireDtype;
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::TransportKind;
+
+/// `[model]`: which model, and in which weight format the cards hold it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// Checkpoint folder (Hugging Face layout), relative to the deployment file's folder.
+    /// Default: none; with neither `path` nor `shape`, the model bundled in the repository
+    /// (`models/afd-tiny-gpt-oss`).
+    pub path: Option<PathBuf>,
+    /// A named shape instead of a checkpoint, for planning models that are not on this machine:
+    /// an `afd synth` preset (`tiny`, `small`, `medium`, `gpt-oss-20b`) of `family`. Only
+    /// `afd plan` accepts it (there are no weights to run). Default: none.
+    pub shape: Option<String>,
+    /// Model family: `gpt-oss`, `mixtral` or `qwen3-moe`. With `path` it is read from
+    /// config.json (and, when given here, must agree); with `shape` it picks the preset's family.
+    /// Default: `gpt-oss`.
+    pub family: Option<Family>,
+    /// Format of expert and dense FFN weights on the cards: `as-stored`, `bf16`, `mxfp4` or
+    /// `mxint8`. Default: `as-stored` (GPT-OSS experts stay MXFP4).
+    pub format: FormatChoice,
+    /// The model's id in `/v1/models` and in responses. Default: the checkpoint folder's name.
+    pub served_name: Option<String>,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            path: None,
+            shape: None,
+            family: None,
+            format: FormatChoice::AsStored,
+            served_name: None,
+        }
+    }
+}
+
+/// `[attention]`: the attention nodes (a GPU in production, the CPU here).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AttentionSection {
+    /// Attention nodes sharing the cards; the router spreads requests over them. Default 1.
+    pub nodes: usize,
+    /// Device each node models in `afd plan`: a profile name (`h100`, `h200`; files in
+    /// `deploy/profiles/`) or the path of a profile TOML relative to this file. Default `h100`.
+    pub device: String,
+    /// Most sequences one node runs in a step (vLLM's `max_num_seqs`). Default 64.
+    pub max_num_seqs: usize,
+    /// Longest sequence, prompt plus output (vLLM's `max_model_len`). Default 4096.
+    pub max_model_len: usize,
+    /// KV cache memory of each node in MiB. Default: none, sized for `max_num_seqs` sequences of
+    /// `max_model_len` tokens.
+    pub kv_cache_memory: Option<usize>,
+    /// Tokens per KV block (vLLM's `block_size`). Default 16.
+    pub block_size: usize,
+    /// Most tokens in one step (vLLM's `max_num_batched_tokens`); also sizes the cards'
+    /// activation buffers. Default 512.
+    pub max_num_batched_tokens: usize,
+    /// Dtype of hidden states on the wire: `f32` (exact) or `bf16` (half the bytes). Default `f32`.
+    pub wire_dtype: WireDtype,
+    /// Seconds to wait for a card's reply before failing the step. Default 30.
+    pub reply_timeout_s: f64,
+    /// Address the nodes' gRPC step services listen on (multi-process deployments).
+    /// Default `127.0.0.1`.
+    pub host: String,
+    /// Port of node 0's step service; node j listens on `base_port + j`. Default 7200.
+    pub base_port: u16,
+    /// Explicit `host:port` of each node's step service, in node order; replaces `host` and
+    /// `base_port` when given (nodes on other machines). Default: empty.
+    pub addresses: Vec<String>,
+}
+
+impl Default for AttentionSection {
+    fn default() -> Self {
+        AttentionSection {
+            nodes: 1,
+            device: "h100".into(),
+            max_num_seqs: 64,
+            max_model_len: 4096,
+            kv_cache_memory: None,
+            block_size: 16,
+            max_num_batched_tokens: 512,
+            wire_dtype: WireDtype::F32,
+            reply_timeout_s: 30.0,
+            host: "127.0.0.1".into(),
+            base_port: 7200,
+            addresses: Vec::new(),
+        }
+    }
+}
+
+/// How experts are spread over the cards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementPolicy {
+    /// Contiguous blocks of experts per card, uneven counts allowed (8 experts on 3 cards:
+    /// 3, 3, 2); the LM head split by vocabulary rows.
+    #[default]
+    Contiguous,
+}
+
+/// A replica of a hot expert on the card after its primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaSpec {
+    /// The layer; absent: every MoE layer.
+    #[serde(default)]
+    pub layer: Option<usize>,
+    /// The expert id.
+    pub expert: u32,
+}
+
+/// `[cards]`: the simulated Corsair cards.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CardsSection {
+    /// Number of cards. Default 2. With 0 the attention device runs the whole model (the
+    /// monolithic baseline `afd plan` compares with; served by the reference forward).
+    pub count: usize,
+    /// Hardware profile: `corsair` (built in, `corsair-ffn/profiles/corsair.toml`) or the path
+    /// of a profile TOML relative to this file. Default `corsair`.
+    pub profile: String,
+    /// How experts are spread over the cards: `contiguous`. Default `contiguous`.
+    pub placement: PlacementPolicy,
+    /// Extra copies of hot experts, e.g. `[{ expert = 3 }, { layer = 0, expert = 7 }]`.
+    /// Default: none.
+    pub replicas: Vec<ReplicaSpec>,
+    /// Let weights that do not fit in SRAM stream from LPDDR every step (slower) instead of
+    /// refusing the deployment. Default false.
+    pub allow_spill: bool,
+    /// Executor threads per card process or card worker (0: every core). Default 1.
+    pub card_threads: usize,
+    /// CPUs the card threads are pinned to, as a bit mask (0: no pinning). Default 0.
+    pub cpu_mask: u64,
+    /// Address the cards' gRPC control planes listen on (multi-process deployments).
+    /// Default `127.0.0.1`.
+    pub host: String,
+    /// Port of card 0's control plane; card i listens on `base_port + i`. Default 7100.
+    pub base_port: u16,
+    /// Explicit `host:port` of each card's control plane, in card order; replaces `host` and
+    /// `base_port` when given. Default: empty.
+    pub addresses: Vec<String>,
+}
+
+impl Default for CardsSection {
+    fn default() -> Self {
+        CardsSection {
+            count: 2,
+            profile: "corsair".into(),
+            placement: PlacementPolicy::Contiguous,
+            replicas: Vec::new(),
+            allow_spill: false,
+            card_threads: 1,
+            cpu_mask: 0,
+            host: "127.0.0.1".into(),
+            base_port: 7100,
+            addresses: Vec::new(),
+        }
+    }
+}
+
+/// `[transport]`: the data plane between attention nodes and cards.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TransportSection {
+    /// `quic` (JetStream over QUIC with mutual TLS) or `inproc` (one process only).
+    /// Default `quic`.
+    pub kind: TransportKind,
+    /// Folder made by `afd certs` (ca.pem and NODE.pem / NODE.key.pem per node), relative to
+    /// this file. Default: none; launchers make a fresh cluster CA at start-up.
+    pub tls_dir: Option<PathBuf>,
+    /// Network profile `afd plan` models the transfers with: a name (`jetstream`, in
+    /// `deploy/profiles/`) or a TOML path relative to this file. Default `jetstream`.
+    pub profile: String,
+}
+
+impl Default for TransportSection {
+    fn default() -> Self {
+        TransportSection {
+            kind: TransportKind::Quic,
+            tls_dir: None,
+            profile: "jetstream".into(),
+        }
+    }
+}
+
+/// Micro-batches per step: `"auto"`, `1` or `2` (TOML integer or string).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MicroBatchSetting(pub MicroBatches);
+
+impl Serialize for MicroBatchSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            MicroBatches::Auto => s.serialize_str("auto"),
+            MicroBatches::One => s.serialize_u8(1),
+            MicroBatches::Two => s.serialize_u8(2),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MicroBatchSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(i64),
+            Text(String),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::Number(n) => n.to_string(),
+            Raw::Text(t) => t,
+        };
+        text.parse::<MicroBatches>()
+            .map(MicroBatchSetting)
+            .map_err(|_| {
+                serde::de::Error::custom(format!(
+                    "micro_batches takes 1, 2 or \"auto\", not `{text}`"
+                ))
+            })
+    }
+}
+
+/// `[overlap]`: splitting a step so card work overlaps attention work.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OverlapSection {
+    /// Micro-batches per step: `1` (no overlap), `2` (while the cards compute layer l for one
+    /// half of the batch, the attention node computes the other half), or `"auto"` (2 when the
+    /// step has 2 or more sequences). Default `"auto"`.
+    pub micro_batches: MicroBatchSetting,
+}
+
+/// `[server]`: the OpenAI-compatible HTTP frontend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address to listen on. Default `127.0.0.1`.
+    pub host: String,
+    /// Port to listen on (0: any free port). Default 8000.
+    pub port: u16,
+    /// Bearer token clients must send (`Authorization: Bearer ...`), as vLLM's `--api-key`.
+    /// Default: none (no authentication).
+    pub api_key: Option<String>,
+    /// Requests allowed to wait for a slot; beyond it the server answers 429. Default 1024.
+    pub max_waiting: usize,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            api_key: None,
+            max_waiting: 1024,
+        }
+    }
+}
+
+/// `[workload]`: the operating point `afd plan` predicts (it does not limit the server).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkloadSection {
+    /// Concurrent sequences decoding together, over all attention nodes. Default 1.
+    pub batch: usize,
+    /// Prompt tokens per sequence. Default 1024.
+    pub input_len: usize,
+    /// Generated tokens per sequence. Default 1024. With 0, `afd plan` predicts one decode step
+    /// at a context of `input_len` tokens instead of averaging over the whole output.
+    pub output_len: usize,
+}
+
+impl Default for WorkloadSection {
+    fn default() -> Self {
+        WorkloadSection {
+            batch: 1,
+            input_len: 1024,
+            output_len: 1024,
+        }
+    }
+}

@@ -1,0 +1,157 @@
+use std::path::Path;
+
+use super::*;
+
+fn parse(text: &str) -> Result<Deployment> {
+    Deployment::from_toml(text, Path::new("/deployments"))
+}
+
+#[test]
+fn empty_file_is_all_defaults() {
+    let d = parse("").unwrap();
+    assert_eq!(d.cards.count, 2);
+    assert_eq!(d.attention.nodes, 1);
+    assert_eq!(d.attention.device, "h100");
+    assert_eq!(d.transport.kind, TransportKind::Quic);
+    assert_eq!(d.server.port, 8000);
+    assert!(matches!(
+        d.model_source().unwrap(),
+        ModelSource::Checkpoint(p) if p.ends_with(BUNDLED_MODEL)
+    ));
+}
+
+#[test]
+fn unknown_keys_are_refused_with_their_name() {
+    let e = parse("[cards]\ncuont = 8\n").unwrap_err().to_string();
+    assert!(e.contains("cuont"), "{e}");
+    let e = parse("[nodes]\ncount = 1\n").unwrap_err().to_string();
+    assert!(e.contains("nodes"), "{e}");
+}
+
+#[test]
+fn relative_paths_resolve_against_the_file_folder() {
+    let d = parse(
+        "[model]\npath = \"../models/x\"\n[transport]\ntls_dir = \"certs\"\n\
+         [attention]\ndevice = \"my/gpu.toml\"\n[cards]\nprofile = \"/abs/card.toml\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        d.model.path.as_deref(),
+        Some(Path::new("/deployments/../models/x"))
+    );
+    assert_eq!(
+        d.transport.tls_dir.as_deref(),
+        Some(Path::new("/deployments/certs"))
+    );
+    assert_eq!(d.attention.device, "/deployments/my/gpu.toml");
+    assert_eq!(d.cards.profile, "/abs/card.toml");
+    // Names stay names.
+    assert_eq!(d.transport.profile, "jetstream");
+}
+
+#[test]
+fn micro_batches_take_numbers_or_auto() {
+    use gpu_attention::MicroBatches;
+    for (text, want) in [
+        ("2", MicroBatches::Two),
+        ("1", MicroBatches::One),
+        ("\"auto\"", MicroBatches::Auto),
+        ("\"2\"", MicroBatches::Two),
+    ] {
+        let d = parse(&format!("[overlap]\nmicro_batches = {text}\n")).unwrap();
+        assert_eq!(d.overlap.micro_batches.0, want, "{text}");
+    }
+    let e = parse("[overlap]\nmicro_batches = 3\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("micro_batches"), "{e}");
+}
+
+#[test]
+fn inconsistent_settings_name_the_key() {
+    for (text, key) in [
+        ("[attention]\nnodes = 0\n", "attention.nodes"),
+        (
+            "[model]\npath = \"x\"\nshape = \"gpt-oss-20b\"\n",
+            "model.shape",
+        ),
+        ("[model]\nshape = \"gpt-oss-200b\"\n", "model.shape"),
+        (
+            "[cards]\ncount = 2\naddresses = [\"a:1\"]\n",
+            "cards.addresses",
+        ),
+        (
+            "[transport]\nkind = \"inproc\"\ntls_dir = \"c\"\n",
+            "transport.tls_dir",
+        ),
+        (
+            "[attention]\nkv_cache_memory = 0\n",
+            "attention.kv_cache_memory",
+        ),
+    ] {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.contains(key), "{text}: {e}");
+    }
+}
+
+#[test]
+fn addresses_follow_base_ports_unless_listed() {
+    let d = parse("[cards]\ncount = 3\nbase_port = 9000\n").unwrap();
+    assert_eq!(
+        d.card_addresses(),
+        ["127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:9002"]
+    );
+    let d = parse("[attention]\nnodes = 2\naddresses = [\"a:1\", \"b:2\"]\n").unwrap();
+    assert_eq!(d.attention_addresses(), ["a:1", "b:2"]);
+}
+
+#[test]
+fn a_named_shape_plans_but_does_not_run() {
+    let d = parse("[model]\nshape = \"gpt-oss-20b\"\n").unwrap();
+    let config = d.model_config().unwrap();
+    assert_eq!(config.hidden_size, 2880);
+    assert_eq!(config.num_layers(), 24);
+    let e = d.cluster_config().unwrap_err().to_string();
+    assert!(e.contains("model.path"), "{e}");
+}
+
+#[test]
+fn cluster_config_carries_the_keys() {
+    let d = parse(
+        "[model]\nformat = \"mxint8\"\n[cards]\ncount = 3\nallow_spill = true\n\
+         replicas = [{ expert = 1 }]\n[transport]\nkind = \"inproc\"\n\
+         [attention]\nnodes = 2\nmax_num_seqs = 4\nmax_model_len = 100\nblock_size = 16\n\
+         [overlap]\nmicro_batches = 1\n",
+    )
+    .unwrap();
+    let c = d.cluster_config().unwrap();
+    assert_eq!(c.cards, 3);
+    assert_eq!(c.attention_nodes, 2);
+    assert_eq!(c.transport, TransportKind::Inproc);
+    assert_eq!(c.weight_format, corsair_ffn::FormatChoice::Mxint8);
+    assert!(c.allow_spill);
+    assert_eq!(c.replicas.len(), 1);
+    assert_eq!(c.node.micro_batches, gpu_attention::MicroBatches::One);
+    let model = d.model_config().unwrap();
+    // 4 sequences of 100 tokens, rounded up to 16-token blocks.
+    assert_eq!(
+        c.node.kv.memory_bytes,
+        4 * 112 * KvCacheConfig::bytes_per_token(&model)
+    );
+}
+
+#[test]
+fn zero_cards_is_the_monolithic_baseline() {
+    let d = parse("[cards]\ncount = 0\n").unwrap();
+    assert!(d.is_monolithic());
+    let e = d.cluster_config().unwrap_err().to_string();
+    assert!(e.contains("cards.count"), "{e}");
+}
+
+#[test]
+fn round_trips_through_toml() {
+    let d = parse("[cards]\ncount = 5\n[workload]\nbatch = 64\n").unwrap();
+    let again = parse(&d.to_toml().unwrap()).unwrap();
+    assert_eq!(again.cards.count, 5);
+    assert_eq!(again.workload.batch, 64);
+}
