@@ -122,10 +122,19 @@ fn draw_inner(
             String::new()
         }
     };
+    let y_label = |y: &f64| {
+        if y_hi >= 20.0 {
+            format!("{y:.0}")
+        } else {
+            format!("{y:.1}")
+        }
+    };
     chart
         .configure_mesh()
         .x_labels(2 * n + 1)
         .x_label_formatter(&label_of)
+        .y_label_formatter(&y_label)
+        .light_line_style(WHITE)
         .disable_x_mesh()
         .x_desc("max concurrency (requests in flight; batch size for offline runs)")
         .y_desc(y_desc)
