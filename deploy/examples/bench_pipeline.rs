@@ -2,6 +2,11 @@
 //! reference on the same checkpoint, at batch 1 and 32, and micro-batch overlap on against off,
 //! side by side in one run. Prints the cards' modeled Corsair time per step beside the wall time.
 //!
+//! Overlap is measured twice: with every thread free to run anywhere, and partitioned, where
+//! the attention node computes on CPU 0 and the cards on CPU 1 (a child process of this
+//! benchmark, pinned), as they would on separate devices. On a small host the unpartitioned cards and node
+//! share every core, so hiding one behind the other gains little there by construction.
+//!
 //! ```sh
 //! cargo run --release --bin afd -- synth --family gpt-oss --preset medium --format mxfp4 --out /tmp/gpt-oss-medium
 //! cargo run --release -p deploy --example bench_pipeline -- /tmp/gpt-oss-medium
@@ -13,7 +18,8 @@ use std::time::Instant;
 use deploy::cluster::{ClusterConfig, EmbeddedCluster, TransportKind};
 use gpu_attention::kv_cache::KvCacheConfig;
 use gpu_attention::{
-    AttentionNode, KvCapacity, MicroBatches, MonolithicNode, SampleRequest, StepBatch, StepEntry,
+    AttentionNode, DisaggregatedNode, KvCapacity, MicroBatches, MonolithicNode, SampleRequest,
+    StepBatch, StepEntry,
 };
 use model::sampling::SamplingParams;
 use model::{ModelWeights, ReferenceModel};
@@ -22,10 +28,18 @@ const PROMPT: usize = 32;
 const STEPS: usize = 12;
 
 /// Prefills `batch` sequences, then times `STEPS` decode steps; `decode_started` runs between.
-fn tpot(node: &mut dyn AttentionNode, batch: usize, decode_started: &mut dyn FnMut()) -> f64 {
+fn tpot<N: AttentionNode>(
+    node: &mut N,
+    batch: usize,
+    decode_started: &mut dyn FnMut(&mut N),
+) -> f64 {
     let bs = node.kv_capacity().block_size;
     let blocks = (PROMPT + STEPS + 1).div_ceil(bs);
-    let request = SampleRequest { params: SamplingParams::greedy(), penalties: Default::default(), top_logprobs: 0 };
+    let request = SampleRequest {
+        params: SamplingParams::greedy(),
+        penalties: Default::default(),
+        top_logprobs: 0,
+    };
     let entry = |i: usize, tokens: Vec<u32>, start: usize| StepEntry {
         seq: i as u64,
         tokens,
@@ -35,28 +49,64 @@ fn tpot(node: &mut dyn AttentionNode, batch: usize, decode_started: &mut dyn FnM
         sample: Some(request),
     };
     let prompts: Vec<StepEntry> = (0..batch)
-        .map(|i| entry(i, (0..PROMPT as u32).map(|t| (t * 31 + i as u32 * 7) % 300).collect(), 0))
+        .map(|i| {
+            entry(
+                i,
+                (0..PROMPT as u32)
+                    .map(|t| (t * 31 + i as u32 * 7) % 300)
+                    .collect(),
+                0,
+            )
+        })
         .collect();
-    let mut last: Vec<u32> =
-        node.step(&StepBatch { entries: prompts }).expect("prefill").sampled.iter().map(|t| t.token).collect();
-    decode_started();
+    let mut last: Vec<u32> = node
+        .step(&StepBatch { entries: prompts })
+        .expect("prefill")
+        .sampled
+        .iter()
+        .map(|t| t.token)
+        .collect();
+    decode_started(node);
     let start = Instant::now();
     for s in 0..STEPS {
-        let entries = (0..batch).map(|i| entry(i, vec![last[i]], PROMPT + s)).collect();
-        last = node.step(&StepBatch { entries }).expect("decode").sampled.iter().map(|t| t.token).collect();
+        let entries = (0..batch)
+            .map(|i| entry(i, vec![last[i]], PROMPT + s))
+            .collect();
+        last = node
+            .step(&StepBatch { entries })
+            .expect("decode")
+            .sampled
+            .iter()
+            .map(|t| t.token)
+            .collect();
     }
     let t = start.elapsed().as_secs_f64() / STEPS as f64;
-    node.free(&(0..batch as u64).collect::<Vec<_>>()).expect("free");
+    node.free(&(0..batch as u64).collect::<Vec<_>>())
+        .expect("free");
     t
 }
 
 struct Afd {
     cluster: EmbeddedCluster,
-    node: gpu_attention::DisaggregatedNode,
+    node: DisaggregatedNode,
 }
 
 fn afd(model: &Path, transport: TransportKind, micro_batches: MicroBatches) -> Afd {
+    afd_on(model, transport, micro_batches, 0, false)
+}
+
+/// A 4-card cluster whose card threads run on the CPUs of `card_cpu_mask` (0: anywhere).
+/// With `trace`, the node records its spans.
+fn afd_on(
+    model: &Path,
+    transport: TransportKind,
+    micro_batches: MicroBatches,
+    card_cpu_mask: u64,
+    trace: bool,
+) -> Afd {
     let mut config = ClusterConfig::new(model, 4);
+    config.card_cpu_mask = card_cpu_mask;
+    config.node.trace = trace;
     config.transport = transport;
     config.node.micro_batches = micro_batches;
     config.node.max_tokens = 32 * PROMPT;
@@ -80,7 +130,11 @@ fn modeled_per_step(cluster: &EmbeddedCluster, before: &[f64]) -> f64 {
 }
 
 fn modeled(cluster: &EmbeddedCluster) -> Vec<f64> {
-    cluster.card_stats().iter().map(|s| s.modeled_seconds).collect()
+    cluster
+        .card_stats()
+        .iter()
+        .map(|s| s.modeled_seconds)
+        .collect()
 }
 
 /// Best (lowest) of `ROUNDS` measurements.
@@ -90,16 +144,75 @@ fn best(v: &[f64]) -> f64 {
 
 const ROUNDS: usize = 3;
 
+/// The partitioned overlap run (the child process): this thread and the compute pool on CPU
+/// 0, the cards on CPU 1. Without overlap a step is the node's busy time A plus its wait for
+/// the cards C; with it, at best max(A, C): the printed bound (A + C) / max(A, C) is what any
+/// overlap could give on this checkpoint and batch.
+fn partitioned(model: &Path) {
+    // One compute thread for the node's tensor work, on CPU 0.
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .start_handler(|_| corsair_ffn::executor::pin_to_mask(0b01, 0))
+        .build_global()
+        .expect("the node's compute pool");
+    let mut on = afd_on(model, TransportKind::Quic, MicroBatches::Auto, 0b10, false);
+    let mut off = afd_on(model, TransportKind::Quic, MicroBatches::One, 0b10, true);
+    // Pinned after the clusters start, so that JetStream's I/O threads stay free to run on
+    // either CPU, as a NIC would.
+    corsair_ffn::executor::pin_to_mask(0b01, 0);
+    let none = &mut |_: &mut DisaggregatedNode| {};
+    for batch in [8usize, 32] {
+        let (mut a, mut b) = (vec![], vec![]);
+        let mut spans = Vec::new();
+        for _ in 0..ROUNDS {
+            a.push(tpot(&mut on.node, batch, none));
+            b.push(tpot(&mut off.node, batch, &mut |n| drop(n.take_trace())));
+            spans = off.node.take_trace();
+        }
+        let (a, b) = (best(&a), best(&b));
+        let wait: f64 = spans
+            .iter()
+            .filter(|s| s.name == "wait+combine")
+            .map(|s| s.duration_us)
+            .sum();
+        let total: f64 = spans.iter().map(|s| s.duration_us).sum();
+        let (c, busy) = (wait / total, 1.0 - wait / total);
+        println!(
+            "batch {batch:>2}: partitioned (node on CPU 0, cards on CPU 1) overlap on {:7.2} ms/step, off {:7.2} ms/step: \
+             overlap gives {:.2}x the throughput (without overlap the node waits {:.0}% of a step: bound {:.2}x)",
+            a * 1e3,
+            b * 1e3,
+            b / a,
+            c * 100.0,
+            1.0 / busy.max(c)
+        );
+    }
+}
+
 fn main() {
-    // SAFETY: first thing in main, before any thread is started.
-    unsafe { deploy::process::pin_thread_count() };
-    let model: PathBuf = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().collect();
+    let model: PathBuf = args
+        .get(1)
         .expect("usage: bench_pipeline CHECKPOINT_DIR (a medium GPT-OSS synthetic checkpoint)")
         .into();
+    if args.get(2).map(String::as_str) == Some("--partitioned") {
+        // SAFETY: first thing in main, before any thread is started.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
+        partitioned(&model);
+        return;
+    }
+    // SAFETY: first thing in main, before any thread is started.
+    unsafe { deploy::process::pin_thread_count() };
     let weights = ModelWeights::load(&model).expect("load the checkpoint");
-    let capacity = KvCacheConfig { block_size: 16, memory_bytes: 256 << 20 }.capacity(&weights.config);
-    let capacity = KvCapacity { block_size: capacity.block_size, num_blocks: capacity.num_blocks };
+    let capacity = KvCacheConfig {
+        block_size: 16,
+        memory_bytes: 256 << 20,
+    }
+    .capacity(&weights.config);
+    let capacity = KvCapacity {
+        block_size: capacity.block_size,
+        num_blocks: capacity.num_blocks,
+    };
     let mut mono = MonolithicNode::new(ReferenceModel::new(weights).expect("reference"), capacity);
     let mut quic = afd(&model, TransportKind::Quic, MicroBatches::Auto);
     let mut inproc = afd(&model, TransportKind::Inproc, MicroBatches::Auto);
@@ -108,17 +221,19 @@ fn main() {
         "checkpoint {}; 4 cards; prompt {PROMPT} tokens; {STEPS} decode steps per point; best of {ROUNDS} interleaved rounds",
         model.display()
     );
-    let none = &mut || {};
     for batch in [1usize, 32] {
-        let (mut m, mut q, mut i, mut off, mut modeled_ms) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut m, mut q, mut i, mut off, mut modeled_ms) =
+            (vec![], vec![], vec![], vec![], vec![]);
         // Interleave so that machine noise hits every configuration alike.
         for _ in 0..ROUNDS {
-            m.push(tpot(&mut mono, batch, none));
+            m.push(tpot(&mut mono, batch, &mut |_| {}));
             let mut before = Vec::new();
-            q.push(tpot(&mut quic.node, batch, &mut || before = modeled(&quic.cluster)));
+            q.push(tpot(&mut quic.node, batch, &mut |_| {
+                before = modeled(&quic.cluster)
+            }));
             modeled_ms.push(modeled_per_step(&quic.cluster, &before) * 1e3);
-            i.push(tpot(&mut inproc.node, batch, none));
-            off.push(tpot(&mut no_overlap.node, batch, none));
+            i.push(tpot(&mut inproc.node, batch, &mut |_| {}));
+            off.push(tpot(&mut no_overlap.node, batch, &mut |_| {}));
         }
         let (m, q, i, off) = (best(&m), best(&q), best(&i), best(&off));
         println!(
@@ -138,4 +253,17 @@ fn main() {
             off / q
         );
     }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        println!("partitioned overlap: skipped (needs 2 CPUs)");
+        return;
+    }
+    // Drop this process's clusters first so the child has the machine to itself.
+    drop((quic, inproc, no_overlap, mono));
+    let exe = std::env::current_exe().expect("this benchmark's path");
+    let status = std::process::Command::new(exe)
+        .arg(&model)
+        .arg("--partitioned")
+        .status()
+        .expect("start the partitioned run");
+    assert!(status.success(), "the partitioned run failed: {status}");
 }
