@@ -9,6 +9,8 @@
 pub mod cluster;
 pub mod deployment;
 pub mod error;
+pub mod k8s;
+pub mod launch;
 pub mod process;
 pub mod remote;
 

@@ -9,8 +9,10 @@ mod certs;
 mod cluster_args;
 mod compile;
 mod generate;
+mod k8s;
 mod serve;
 mod synth;
+mod up;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -38,10 +40,14 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Generate from one prompt and print {prompt_ids, output_ids, text} as JSON.
     Generate(generate::GenerateArgs),
+    /// Render Kubernetes manifests for a deployment file.
+    K8s(k8s::K8sArgs),
     /// Serve the OpenAI-compatible API over continuous batching, attention nodes and cards.
     Serve(serve::ServeArgs),
     /// Write a random checkpoint in Hugging Face layout.
     Synth(synth::SynthArgs),
+    /// Start every process of a deployment file on this machine until Ctrl-C or one dies.
+    Up(up::UpArgs),
     /// Compare the disaggregated pipeline with the reference: token agreement, largest logit difference.
     Verify(verify::VerifyArgs),
 }
@@ -56,8 +62,10 @@ fn main() -> anyhow::Result<()> {
         Command::Certs(args) => certs::run(args),
         Command::Compile(args) => compile::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::K8s(args) => k8s::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Synth(args) => synth::run(args),
+        Command::Up(args) => up::run(args),
         Command::Verify(args) => verify::run(args),
     }
 }

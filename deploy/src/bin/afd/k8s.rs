@@ -1,0 +1,93 @@
+//! `afd k8s FILE`: Kubernetes manifests for a deployment file (see `deploy::k8s` and
+//! docs/KUBERNETES.md).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use deploy::deployment::Deployment;
+use deploy::k8s::{K8sOptions, load_tls, render, tls_names};
+
+/// Render the Kubernetes manifests of a deployment: cards as a StatefulSet, attention nodes and
+/// the frontend as Deployments, Services, a ConfigMap with the deployment file, a TLS Secret.
+#[derive(Debug, clap::Args)]
+pub struct K8sArgs {
+    /// The deployment file (TOML).
+    file: PathBuf,
+    /// Write one YAML file per group of objects into this folder (for `kubectl apply -f DIR`)
+    /// instead of printing them all.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Container image with the `afd` binary (and the model, without --model-pvc).
+    #[arg(long, default_value = "afd:latest")]
+    image: String,
+    /// Prefix of every object's name (several deployments in one namespace).
+    #[arg(long, default_value = "afd")]
+    name: String,
+    /// Namespace of every object (default: kubectl's current one).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// PersistentVolumeClaim holding the checkpoint folder, mounted read-only at /models.
+    #[arg(long)]
+    model_pvc: Option<String>,
+    /// The checkpoint folder inside the containers (default: /models/<the folder's name>).
+    #[arg(long)]
+    model_dir: Option<String>,
+    /// Folder made by `afd certs` whose certificates go into the Secret (default: the file's
+    /// `transport.tls_dir`, else a new cluster CA made now, whose key is not kept).
+    #[arg(long)]
+    certs: Option<PathBuf>,
+    /// Leave the TLS Secret out (make it with `kubectl create secret generic NAME-tls
+    /// --from-file=DIR`).
+    #[arg(long, conflicts_with = "certs")]
+    no_secret: bool,
+}
+
+pub fn run(args: K8sArgs) -> anyhow::Result<()> {
+    let deployment = Deployment::load(&args.file)?;
+    let names = tls_names(&deployment);
+    let certs = args.certs.clone().or(deployment.transport.tls_dir.clone());
+    let tls = match (args.no_secret, certs) {
+        (true, _) => None,
+        (false, Some(dir)) => Some(load_tls(&dir, &names)?),
+        (false, None) => {
+            let scratch = tempfile::Builder::new()
+                .prefix("afd-k8s-certs-")
+                .tempdir()
+                .context("making a folder for the certificates")?;
+            jetstream::write_cluster(scratch.path(), &names)
+                .context("making the cluster CA and node certificates")?;
+            Some(load_tls(scratch.path(), &names)?)
+        }
+    };
+    let options = K8sOptions {
+        name: args.name,
+        image: args.image,
+        namespace: args.namespace,
+        model_pvc: args.model_pvc,
+        model_dir: args.model_dir,
+        tls,
+    };
+    let manifests = render(&deployment, &options)
+        .with_context(|| format!("rendering {}", args.file.display()))?;
+    match &args.out {
+        Some(dir) => {
+            for path in manifests.write(dir)? {
+                println!("{}", path.display());
+            }
+            if options.tls.is_some() {
+                eprintln!(
+                    "the Secret in {} holds private keys: keep it out of version control",
+                    dir.display()
+                );
+            }
+        }
+        None => {
+            let yaml = manifests.to_yaml()?;
+            if yaml.is_empty() {
+                bail!("nothing to render");
+            }
+            print!("{yaml}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,355 @@
+//! The Kubernetes objects of one deployment, as JSON values (written out as YAML).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::{CONFIG_MOUNT, K8sOptions, MODEL_MOUNT, TLS_MOUNT};
+use crate::deployment::Deployment;
+use crate::launch::plan::{RolePaths, attention_args, card_args, frontend_args};
+
+/// Object names, all prefixed with the instance name.
+#[derive(Debug, Clone)]
+pub struct Names {
+    prefix: String,
+}
+
+impl Names {
+    /// Names for instance `prefix`.
+    pub fn new(prefix: &str) -> Self {
+        Names {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The cards' StatefulSet and headless Service (pods are `NAME-card-K`).
+    pub fn cards(&self) -> String {
+        format!("{}-card", self.prefix)
+    }
+
+    /// Attention node `j`'s Deployment and Service.
+    pub fn attention(&self, j: usize) -> String {
+        format!("{}-attention-{j}", self.prefix)
+    }
+
+    /// The frontend's Deployment and Service.
+    pub fn frontend(&self) -> String {
+        format!("{}-frontend", self.prefix)
+    }
+
+    /// The ConfigMap with the deployment file.
+    pub fn config(&self) -> String {
+        format!("{}-deployment", self.prefix)
+    }
+
+    /// The Secret with the TLS material.
+    pub fn tls(&self) -> String {
+        format!("{}-tls", self.prefix)
+    }
+
+    /// Card K's stable DNS name through the headless Service, with its control port.
+    pub fn card_addresses(&self, cards: usize, port: u16) -> Vec<String> {
+        (0..cards)
+            .map(|k| format!("{}-{k}.{}:{port}", self.cards(), self.cards()))
+            .collect()
+    }
+
+    /// Attention node j's Service name with its step port.
+    pub fn attention_addresses(&self, nodes: usize, port: u16) -> Vec<String> {
+        (0..nodes)
+            .map(|j| format!("{}:{port}", self.attention(j)))
+            .collect()
+    }
+}
+
+/// Container ports (every pod has its own IP, so every card uses the same ones).
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    /// Card gRPC control plane.
+    pub card: u16,
+    /// Card JetStream data plane (UDP).
+    pub card_data: u16,
+    /// Attention node gRPC step service.
+    pub attention: u16,
+    /// Attention node JetStream data plane (UDP).
+    pub attention_data: u16,
+    /// Frontend HTTP.
+    pub http: u16,
+}
+
+impl Ports {
+    /// The deployment's base ports; the data plane on the next port up.
+    pub fn of(d: &Deployment) -> Self {
+        Ports {
+            card: d.cards.base_port,
+            card_data: d.cards.base_port.wrapping_add(1),
+            attention: d.attention.base_port,
+            attention_data: d.attention.base_port.wrapping_add(1),
+            http: if d.server.port == 0 {
+                8000
+            } else {
+                d.server.port
+            },
+        }
+    }
+}
+
+/// Builds the objects of one deployment.
+pub struct Builder<'a> {
+    pub d: &'a Deployment,
+    pub options: &'a K8sOptions,
+    pub names: &'a Names,
+    pub ports: Ports,
+    pub paths: &'a RolePaths,
+}
+
+impl Builder<'_> {
+    fn labels(&self, component: &str) -> Value {
+        json!({
+            "app.kubernetes.io/name": "afd",
+            "app.kubernetes.io/instance": self.options.name,
+            "app.kubernetes.io/component": component,
+        })
+    }
+
+    fn metadata(&self, name: &str, component: &str) -> Value {
+        let mut m = json!({ "name": name, "labels": self.labels(component) });
+        if let Some(ns) = &self.options.namespace {
+            m["namespace"] = json!(ns);
+        }
+        m
+    }
+
+    /// The deployment file (and card profile) every pod mounts.
+    pub fn config_map(&self, files: &BTreeMap<String, String>) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": self.metadata(&self.names.config(), "config"),
+            "data": files,
+        })
+    }
+
+    /// The cluster CA certificate and each node's certificate and key.
+    pub fn secret(&self, files: &BTreeMap<String, String>) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": self.metadata(&self.names.tls(), "tls"),
+            "type": "Opaque",
+            "stringData": files,
+        })
+    }
+
+    fn volumes(&self) -> Value {
+        let mut v = vec![
+            json!({"name": "tls", "secret": {"secretName": self.names.tls(), "defaultMode": 0o400}}),
+            json!({"name": "config", "configMap": {"name": self.names.config()}}),
+        ];
+        if let Some(claim) = &self.options.model_pvc {
+            v.push(json!({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}));
+        }
+        Value::Array(v)
+    }
+
+    fn mounts(&self) -> Value {
+        let mut v = vec![
+            json!({"name": "tls", "mountPath": TLS_MOUNT, "readOnly": true}),
+            json!({"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": true}),
+        ];
+        if self.options.model_pvc.is_some() {
+            v.push(json!({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": true}));
+        }
+        Value::Array(v)
+    }
+
+    /// The pod IP, for binding the JetStream data plane to the address peers can reach.
+    fn pod_ip_env() -> Value {
+        json!({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    }
+
+    fn container(
+        &self,
+        role: &str,
+        args: Vec<String>,
+        env: Vec<Value>,
+        ports: Value,
+        probe: Value,
+    ) -> Value {
+        json!({
+            "name": role,
+            "image": self.options.image,
+            "args": args,
+            "env": env,
+            "ports": ports,
+            "readinessProbe": probe,
+            "volumeMounts": self.mounts(),
+        })
+    }
+
+    fn grpc_probe(port: u16) -> Value {
+        json!({"grpc": {"port": port}, "initialDelaySeconds": 2, "periodSeconds": 5, "failureThreshold": 3})
+    }
+
+    fn pod_spec(&self, container: Value) -> Value {
+        json!({
+            "containers": [container],
+            "volumes": self.volumes(),
+            // Children stop on SIGINT; SIGTERM's default action ends them just as well.
+            "terminationGracePeriodSeconds": 15,
+        })
+    }
+
+    /// Headless Service and StatefulSet of the cards. The card's index is its pod's ordinal
+    /// (the `apps.kubernetes.io/pod-index` label, Kubernetes 1.28+).
+    pub fn cards(&self) -> Vec<Value> {
+        let name = self.names.cards();
+        let count = self.d.cards.count;
+        let p = self.ports;
+        let args = card_args(
+            self.d,
+            self.paths,
+            "$(CARD_ID)",
+            &format!("0.0.0.0:{}", p.card),
+            Some(&format!("$(POD_IP):{}", p.card_data)),
+        );
+        let env = vec![
+            Self::pod_ip_env(),
+            json!({"name": "CARD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}}),
+        ];
+        let ports = json!([
+            {"name": "grpc", "containerPort": p.card, "protocol": "TCP"},
+            {"name": "jetstream", "containerPort": p.card_data, "protocol": "UDP"},
+        ]);
+        let container = self.container("card", args, env, ports, Self::grpc_probe(p.card));
+        let service = json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self.metadata(&name, "card"),
+            "spec": {
+                "clusterIP": "None",
+                "selector": self.labels("card"),
+                "ports": [{"name": "grpc", "port": p.card, "targetPort": "grpc", "protocol": "TCP"}],
+            },
+        });
+        let set = json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": self.metadata(&name, "card"),
+            "spec": {
+                "serviceName": name,
+                "replicas": count,
+                // Cards do not depend on each other: start them all at once.
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": self.labels("card")},
+                "template": {
+                    "metadata": {"labels": self.labels("card")},
+                    "spec": self.pod_spec(container),
+                },
+            },
+        });
+        vec![service, set]
+    }
+
+    fn node_labels(&self, j: usize) -> Value {
+        let mut l = self.labels("attention");
+        l["afd/attention-node"] = json!(j.to_string());
+        l
+    }
+
+    /// Attention node `j`: its Service and Deployment (one replica: the node has its own
+    /// identity and KV cache).
+    pub fn attention(&self, j: usize) -> Vec<Value> {
+        let name = self.names.attention(j);
+        let p = self.ports;
+        let cards = self.names.card_addresses(self.d.cards.count, p.card);
+        let args = attention_args(
+            self.paths,
+            j,
+            &format!("0.0.0.0:{}", p.attention),
+            Some(&format!("$(POD_IP):{}", p.attention_data)),
+            &cards,
+        );
+        let ports = json!([
+            {"name": "grpc", "containerPort": p.attention, "protocol": "TCP"},
+            {"name": "jetstream", "containerPort": p.attention_data, "protocol": "UDP"},
+        ]);
+        let container = self.container(
+            "attention",
+            args,
+            vec![Self::pod_ip_env()],
+            ports,
+            Self::grpc_probe(p.attention),
+        );
+        let labels = self.node_labels(j);
+        let mut metadata = self.metadata(&name, "attention");
+        metadata["labels"] = labels.clone();
+        let service = json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata,
+            "spec": {
+                "selector": labels,
+                "ports": [{"name": "grpc", "port": p.attention, "targetPort": "grpc", "protocol": "TCP"}],
+            },
+        });
+        let deployment = json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata,
+            "spec": {
+                "replicas": 1,
+                // Never two pods with one node identity.
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": self.pod_spec(container),
+                },
+            },
+        });
+        vec![service, deployment]
+    }
+
+    /// The frontend: Service and Deployment (one replica: its router owns the attention nodes'
+    /// KV blocks).
+    pub fn frontend(&self) -> Vec<Value> {
+        let name = self.names.frontend();
+        let p = self.ports;
+        let attention = self
+            .names
+            .attention_addresses(self.d.attention.nodes, p.attention);
+        let args = frontend_args(self.d, self.paths, "0.0.0.0", p.http, &attention);
+        let ports = json!([{"name": "http", "containerPort": p.http, "protocol": "TCP"}]);
+        let probe = json!({
+            "httpGet": {"path": "/health", "port": "http"},
+            "initialDelaySeconds": 2,
+            "periodSeconds": 5,
+        });
+        let container = self.container("frontend", args, Vec::new(), ports, probe);
+        let service = json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self.metadata(&name, "frontend"),
+            "spec": {
+                "selector": self.labels("frontend"),
+                "ports": [{"name": "http", "port": p.http, "targetPort": "http", "protocol": "TCP"}],
+            },
+        });
+        let deployment = json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": self.metadata(&name, "frontend"),
+            "spec": {
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": self.labels("frontend")},
+                "template": {
+                    "metadata": {"labels": self.labels("frontend")},
+                    "spec": self.pod_spec(container),
+                },
+            },
+        });
+        vec![service, deployment]
+    }
+}

@@ -1,0 +1,156 @@
+//! `afd up`: every process of a deployment on this machine (cards, attention nodes, the
+//! frontend), each started once the one before it is healthy, their output prefixed by role,
+//! all stopped together on Ctrl-C or when one dies.
+//!
+//! [`plan`] is the deterministic core (which processes, with which arguments, probed how);
+//! [`supervisor`] is the async shell that runs them; [`launch`] ties them to a deployment file
+//! (ports, TLS material, signals).
+
+pub mod health;
+pub mod plan;
+pub mod supervisor;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+
+pub use plan::{Addresses, HealthCheck, LaunchFiles, LaunchPlan, ProcessSpec, Role};
+pub use supervisor::{Ended, Supervisor, SupervisorConfig};
+
+use crate::deployment::Deployment;
+use crate::error::{Error, Result};
+
+/// What `afd up` is asked to do.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    /// The deployment file.
+    pub file: PathBuf,
+    /// Ignore the file's ports and listen on free ports of 127.0.0.1 (several deployments on
+    /// one machine, tests).
+    pub free_ports: bool,
+    /// The frontend's address instead of `server.host`.
+    pub host: Option<String>,
+    /// The frontend's port instead of `server.port` (0: a free one).
+    pub port: Option<u16>,
+    /// Starting and stopping.
+    pub supervisor: SupervisorConfig,
+}
+
+/// A free TCP port on `ip`, by binding port 0 and letting it go. Another program could take it
+/// before the child binds it; on a development machine that is rare, and the child then fails
+/// with a clear "address in use".
+fn free_port(ip: std::net::IpAddr) -> Result<u16> {
+    TcpListener::bind(SocketAddr::new(ip, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| Error::Io(format!("cannot find a free port on {ip}: {e}")))
+}
+
+/// Where the processes of `d` listen, after the command line's overrides.
+pub fn addresses(d: &Deployment, options: &UpOptions) -> Result<Addresses> {
+    let mut d = d.clone();
+    if let Some(host) = &options.host {
+        d.server.host = host.clone();
+    }
+    if let Some(port) = options.port {
+        d.server.port = port;
+    }
+    if options.free_ports {
+        let loopback = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+        let pick = || free_port(loopback).map(|p| SocketAddr::new(loopback, p));
+        let cards = (0..d.cards.count).map(|_| pick()).collect::<Result<_>>()?;
+        let attention = (0..d.attention.nodes)
+            .map(|_| pick())
+            .collect::<Result<_>>()?;
+        // The frontend keeps an explicit --host / --port; the rest is free.
+        let host = match &options.host {
+            Some(host) => host.parse().map_err(|_| {
+                Error::Config(format!(
+                    "--host {host}: `afd up` listens on this machine and needs an IP address"
+                ))
+            })?,
+            None => loopback,
+        };
+        let port = match options.port {
+            Some(port) if port != 0 => port,
+            _ => free_port(host)?,
+        };
+        return Ok(Addresses {
+            cards,
+            attention,
+            frontend: SocketAddr::new(host, port),
+        });
+    }
+    let mut addresses = Addresses::from_deployment(&d)?;
+    if addresses.frontend.port() == 0 {
+        addresses
+            .frontend
+            .set_port(free_port(addresses.frontend.ip())?);
+    }
+    Ok(addresses)
+}
+
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
+async fn stop_requested() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    eprintln!("[up] stop requested; stopping every process");
+}
+
+/// Loads the deployment, makes TLS material when the file names none, and runs every process
+/// until Ctrl-C / SIGTERM (then `Ok`) or until one of them dies (then `Err` naming it).
+pub fn launch(options: &UpOptions) -> Result<Ended> {
+    let deployment = Deployment::load(&options.file)?;
+    let addresses = addresses(&deployment, options)?;
+    // Attention nodes read the file themselves; an absolute path survives any working folder.
+    let file = std::path::absolute(&options.file).map_err(|e| {
+        Error::Io(format!(
+            "cannot make {} absolute: {e}",
+            options.file.display()
+        ))
+    })?;
+    let (certs, _scratch) = match &deployment.transport.tls_dir {
+        Some(dir) => (dir.clone(), None),
+        None => {
+            let scratch = tempfile::Builder::new()
+                .prefix("afd-up-certs-")
+                .tempdir()
+                .map_err(|e| Error::Io(format!("cannot make a folder for certificates: {e}")))?;
+            jetstream::write_cluster(scratch.path(), &addresses.tls_names())?;
+            (scratch.path().to_path_buf(), Some(scratch))
+        }
+    };
+    let plan = plan::plan(
+        &deployment,
+        &addresses,
+        &LaunchFiles {
+            deployment: file,
+            certs: certs.clone(),
+        },
+    )?;
+    eprintln!(
+        "[up] {}: {} card(s), {} attention node(s), frontend at {}; TLS material in {}",
+        options.file.display(),
+        deployment.cards.count,
+        deployment.attention.nodes,
+        plan.url,
+        certs.display()
+    );
+    // Current-thread runtime: every child is started from the main thread, which lives as long
+    // as the launch (children die with the thread that started them).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Io(format!("cannot start the launcher's runtime: {e}")))?;
+    let supervisor = Supervisor::new(options.supervisor.clone());
+    runtime.block_on(supervisor.run(&plan, stop_requested()))
+}

@@ -1,0 +1,409 @@
+//! Starting the processes of a [`LaunchPlan`] one after another, each once the one before it is
+//! healthy; forwarding their output line by line with the role's name in front; and stopping
+//! all of them when asked to or when one dies.
+//!
+//! Children get their own process group, so a Ctrl-C at the terminal reaches only the
+//! supervisor, which then stops them in order (SIGINT, then SIGKILL after a grace period)
+//! instead of racing them. On Linux each child is also told to die with the supervisor, so even
+//! a supervisor killed with SIGKILL leaves nothing behind.
+
+use std::future::Future;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::health::probe;
+use super::plan::{LaunchPlan, ProcessSpec, Role};
+use crate::error::{Error, Result};
+
+/// How the supervisor starts and stops processes.
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// The `afd` binary every role runs (normally this very program).
+    pub program: PathBuf,
+    /// How long one process may take to become healthy.
+    pub ready_timeout: Duration,
+    /// How long processes may take to stop after SIGINT before they are killed.
+    pub stop_grace: Duration,
+    /// How often a starting process is probed.
+    pub probe_interval: Duration,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        SupervisorConfig {
+            program: PathBuf::from("afd"),
+            ready_timeout: Duration::from_secs(600),
+            stop_grace: Duration::from_secs(10),
+            probe_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// A started child.
+struct Running {
+    role: Role,
+    pid: u32,
+    exit: Option<std::io::Result<ExitStatus>>,
+}
+
+/// What ended a launch that was not an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Stopped on request (`stop` completed).
+    Stopped,
+}
+
+/// Why the launch ended before the stop request.
+enum Failure {
+    /// A child exited on its own.
+    Died(usize),
+    /// Any other problem.
+    Error(Error),
+}
+
+fn describe(exit: &Option<std::io::Result<ExitStatus>>) -> String {
+    match exit {
+        Some(Ok(status)) => status.to_string(),
+        Some(Err(e)) => format!("status unknown ({e})"),
+        None => "still running".into(),
+    }
+}
+
+/// Prints each line `reader` yields as `[name] line`, on stderr or stdout.
+fn forward(
+    name: String,
+    reader: impl AsyncRead + Unpin + Send + 'static,
+    to_stderr: bool,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(reader);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let text = String::from_utf8_lossy(&line);
+                    let text = text.trim_end_matches(['\n', '\r']);
+                    // A closed stdout (`afd up ... | head`) must not stop the launcher.
+                    let _ = if to_stderr {
+                        writeln!(std::io::stderr().lock(), "[{name}] {text}")
+                    } else {
+                        writeln!(std::io::stdout().lock(), "[{name}] {text}")
+                    };
+                }
+            }
+        }
+    })
+}
+
+/// Makes the child die with this process (Linux), checked against a parent that is already
+/// gone.
+#[cfg(target_os = "linux")]
+fn die_with_parent(parent: u32) -> std::io::Result<()> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid only read or set attributes of the calling
+    // process; both are async-signal-safe, as required between fork and exec.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() as u32 != parent {
+            return Err(std::io::Error::other("the launcher exited while starting"));
+        }
+    }
+    Ok(())
+}
+
+/// Sends `sig` to the process group child `pid` leads (the child and anything it started).
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) has no memory effects. The pid is a child this process has not reaped
+    // yet (exits are recorded before any signal is sent), so its group cannot be another's.
+    unsafe {
+        libc::kill(-(pid as libc::pid_t), sig);
+    }
+}
+
+/// Starts, watches and stops the processes of one launch.
+pub struct Supervisor {
+    config: SupervisorConfig,
+    running: Vec<Running>,
+    exits: mpsc::UnboundedReceiver<(usize, std::io::Result<ExitStatus>)>,
+    exit_sender: mpsc::UnboundedSender<(usize, std::io::Result<ExitStatus>)>,
+    logs: Vec<JoinHandle<()>>,
+}
+
+impl Supervisor {
+    /// A supervisor with nothing started yet.
+    pub fn new(config: SupervisorConfig) -> Self {
+        let (exit_sender, exits) = mpsc::unbounded_channel();
+        Supervisor {
+            config,
+            running: Vec::new(),
+            exits,
+            exit_sender,
+            logs: Vec::new(),
+        }
+    }
+
+    /// Runs `plan` until `stop` completes (then `Ok`), or until a process dies, fails to start
+    /// or to become healthy (then `Err` naming it). Every process is stopped either way.
+    /// Call it on a current-thread runtime on the main thread: children are told to die with
+    /// the thread that started them.
+    pub async fn run(mut self, plan: &LaunchPlan, stop: impl Future<Output = ()>) -> Result<Ended> {
+        let outcome = self.start_and_watch(plan, stop).await;
+        if let Err(Failure::Died(i)) = &outcome {
+            let r = &self.running[*i];
+            eprintln!(
+                "[up] {} (pid {}) exited on its own with {}; stopping the others",
+                r.role,
+                r.pid,
+                describe(&r.exit)
+            );
+        }
+        self.stop_all().await;
+        for log in self.logs.drain(..) {
+            // Output still buffered in the pipes is printed before returning.
+            let _ = tokio::time::timeout(Duration::from_secs(2), log).await;
+        }
+        match outcome {
+            Ok(ended) => Ok(ended),
+            Err(Failure::Error(e)) => Err(e),
+            Err(Failure::Died(i)) => {
+                let r = &self.running[i];
+                Err(Error::Io(format!(
+                    "{} (pid {}) exited on its own with {}; stopped the other processes",
+                    r.role,
+                    r.pid,
+                    describe(&r.exit)
+                )))
+            }
+        }
+    }
+
+    async fn start_and_watch(
+        &mut self,
+        plan: &LaunchPlan,
+        stop: impl Future<Output = ()>,
+    ) -> Result<Ended, Failure> {
+        tokio::pin!(stop);
+        for spec in &plan.processes {
+            let started = Instant::now();
+            self.spawn(spec).map_err(Failure::Error)?;
+            let deadline = started + self.config.ready_timeout;
+            loop {
+                let why = tokio::select! {
+                    _ = &mut stop => return Ok(Ended::Stopped),
+                    Some((i, status)) = self.exits.recv() => {
+                        self.running[i].exit = Some(status);
+                        return Err(Failure::Died(i));
+                    }
+                    answer = probe(&spec.health) => match answer {
+                        Ok(()) => break,
+                        Err(why) => why,
+                    },
+                };
+                if Instant::now() >= deadline {
+                    return Err(Failure::Error(Error::Io(format!(
+                        "{} did not become healthy within {:.0} s (last probe: {why}); raise \
+                         --ready-timeout if it is still loading",
+                        spec.role,
+                        self.config.ready_timeout.as_secs_f64()
+                    ))));
+                }
+                tokio::select! {
+                    _ = &mut stop => return Ok(Ended::Stopped),
+                    Some((i, status)) = self.exits.recv() => {
+                        self.running[i].exit = Some(status);
+                        return Err(Failure::Died(i));
+                    }
+                    _ = tokio::time::sleep(self.config.probe_interval) => {}
+                }
+            }
+            eprintln!(
+                "[up] {} is healthy after {:.1} s",
+                spec.role,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        eprintln!(
+            "[up] ready: {} processes; serving {} (Ctrl-C stops them all)",
+            self.running.len(),
+            plan.url
+        );
+        tokio::select! {
+            _ = &mut stop => Ok(Ended::Stopped),
+            Some((i, status)) = self.exits.recv() => {
+                self.running[i].exit = Some(status);
+                Err(Failure::Died(i))
+            }
+        }
+    }
+
+    fn spawn(&mut self, spec: &ProcessSpec) -> Result<()> {
+        let mut command = tokio::process::Command::new(&self.config.program);
+        command
+            .args(&spec.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0);
+        #[cfg(target_os = "linux")]
+        {
+            let parent = std::process::id();
+            // SAFETY: the closure only calls async-signal-safe functions (see die_with_parent).
+            unsafe {
+                command.pre_exec(move || die_with_parent(parent));
+            }
+        }
+        let mut child = command.spawn().map_err(|e| {
+            Error::Io(format!(
+                "cannot start {} ({} {}): {e}",
+                spec.role,
+                self.config.program.display(),
+                spec.args.join(" ")
+            ))
+        })?;
+        let pid = child.id().unwrap_or(0);
+        let name = spec.role.name();
+        if let Some(out) = child.stdout.take() {
+            self.logs.push(forward(name.clone(), out, false));
+        }
+        if let Some(err) = child.stderr.take() {
+            self.logs.push(forward(name.clone(), err, true));
+        }
+        let index = self.running.len();
+        let sender = self.exit_sender.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let _ = sender.send((index, status));
+        });
+        eprintln!(
+            "[up] started {name} (pid {pid}): afd {}",
+            spec.args.join(" ")
+        );
+        self.running.push(Running {
+            role: spec.role,
+            pid,
+            exit: None,
+        });
+        Ok(())
+    }
+
+    /// SIGINT to every live child, SIGKILL to those still alive after the grace period; returns
+    /// once every child has been reaped.
+    async fn stop_all(&mut self) {
+        for r in self.running.iter().rev().filter(|r| r.exit.is_none()) {
+            eprintln!("[up] stopping {} (pid {})", r.role, r.pid);
+            signal(r.pid, libc::SIGINT);
+        }
+        let deadline = Instant::now() + self.config.stop_grace;
+        let mut killed = false;
+        while self.running.iter().any(|r| r.exit.is_none()) {
+            tokio::select! {
+                Some((i, status)) = self.exits.recv() => {
+                    let r = &mut self.running[i];
+                    r.exit = Some(status);
+                    eprintln!("[up] {} (pid {}) stopped: {}", r.role, r.pid, describe(&r.exit));
+                }
+                _ = tokio::time::sleep_until(deadline), if !killed => {
+                    killed = true;
+                    for r in self.running.iter().filter(|r| r.exit.is_none()) {
+                        eprintln!(
+                            "[up] {} (pid {}) did not stop within {:.0} s; killing it",
+                            r.role,
+                            r.pid,
+                            self.config.stop_grace.as_secs_f64()
+                        );
+                        signal(r.pid, libc::SIGKILL);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::plan::HealthCheck;
+
+    fn spec(role: Role, script: &str) -> ProcessSpec {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        ProcessSpec {
+            role,
+            args: vec!["-c".into(), script.into()],
+            // Nothing listens there: the process never becomes healthy.
+            health: HealthCheck::Http {
+                address: format!("127.0.0.1:{port}"),
+                path: "/health".into(),
+            },
+        }
+    }
+
+    fn shell() -> SupervisorConfig {
+        SupervisorConfig {
+            program: "/bin/sh".into(),
+            ready_timeout: Duration::from_secs(30),
+            stop_grace: Duration::from_secs(5),
+            probe_interval: Duration::from_millis(20),
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_process_that_exits_while_starting_is_named_with_its_status() {
+        let plan = LaunchPlan {
+            processes: vec![spec(Role::Card(3), "exit 7")],
+            url: String::new(),
+        };
+        let err = Supervisor::new(shell())
+            .run(&plan, std::future::pending())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("card-3"), "{err}");
+        assert!(err.contains("exit status: 7"), "{err}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_stop_request_while_starting_stops_the_process() {
+        let plan = LaunchPlan {
+            processes: vec![spec(Role::Frontend, "exec sleep 30")],
+            url: String::new(),
+        };
+        let started = std::time::Instant::now();
+        let ended = Supervisor::new(shell())
+            .run(&plan, tokio::time::sleep(Duration::from_millis(300)))
+            .await
+            .unwrap();
+        assert_eq!(ended, Ended::Stopped);
+        // SIGINT ends `sleep` at once; far less than its 30 s.
+        assert!(started.elapsed() < Duration::from_secs(20));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_process_that_never_becomes_healthy_times_out() {
+        let mut config = shell();
+        config.ready_timeout = Duration::from_millis(300);
+        let plan = LaunchPlan {
+            processes: vec![spec(Role::Attention(1), "exec sleep 30")],
+            url: String::new(),
+        };
+        let err = Supervisor::new(config)
+            .run(&plan, std::future::pending())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("attention-1 did not become healthy"), "{err}");
+    }
+}
