@@ -145,9 +145,9 @@ fn best(v: &[f64]) -> f64 {
 const ROUNDS: usize = 3;
 
 /// The partitioned overlap run (the child process): this thread and the compute pool on CPU
-/// 0, the cards on CPU 1. Without overlap a step is the node's busy time A plus its wait for
-/// the cards C; with it, at best max(A, C): the printed bound (A + C) / max(A, C) is what any
-/// overlap could give on this checkpoint and batch.
+/// 0, the cards on CPU 1. Without overlap a step is the node's busy time A, its wait for the
+/// experts C and the LM head L; with it, at best max(A, C) + L: the printed bound
+/// (A + C + L) / (max(A, C) + L) is what any overlap could give on this checkpoint and batch.
 fn partitioned(model: &Path) {
     // One compute thread for the node's tensor work, on CPU 0.
     rayon::ThreadPoolBuilder::new()
@@ -170,21 +170,30 @@ fn partitioned(model: &Path) {
             spans = off.node.take_trace();
         }
         let (a, b) = (best(&a), best(&b));
-        let wait: f64 = spans
-            .iter()
-            .filter(|s| s.name == "wait+combine")
-            .map(|s| s.duration_us)
-            .sum();
-        let total: f64 = spans.iter().map(|s| s.duration_us).sum();
-        let (c, busy) = (wait / total, 1.0 - wait / total);
+        // Node busy (attention, dispatch), waiting for expert results, and the LM head (sent
+        // after the last layer, so nothing of the node's is left to hide it behind).
+        let sum = |pick: &dyn Fn(&str) -> bool| -> f64 {
+            spans
+                .iter()
+                .filter(|s| pick(s.name))
+                .map(|s| s.duration_us)
+                .sum()
+        };
+        let busy = sum(&|n| n == "attention" || n == "dispatch");
+        let wait = sum(&|n| n == "wait+combine");
+        let lm = sum(&|n| n.starts_with("lm-head"));
+        let total = busy + wait + lm;
         println!(
             "batch {batch:>2}: partitioned (node on CPU 0, cards on CPU 1) overlap on {:7.2} ms/step, off {:7.2} ms/step: \
-             overlap gives {:.2}x the throughput (without overlap the node waits {:.0}% of a step: bound {:.2}x)",
+             overlap gives {:.2}x the throughput; without overlap a step is {:.0}% node work, {:.0}% wait for experts, \
+             {:.0}% LM head: bound {:.2}x",
             a * 1e3,
             b * 1e3,
             b / a,
-            c * 100.0,
-            1.0 / busy.max(c)
+            busy / total * 100.0,
+            wait / total * 100.0,
+            lm / total * 100.0,
+            total / (busy.max(wait) + lm)
         );
     }
 }
