@@ -11,6 +11,7 @@ pub mod deployment;
 pub mod error;
 pub mod k8s;
 pub mod launch;
+pub mod plan;
 pub mod process;
 pub mod remote;
 

@@ -10,6 +10,7 @@ mod cluster_args;
 mod compile;
 mod generate;
 mod k8s;
+mod plan;
 mod serve;
 mod synth;
 mod up;
@@ -42,6 +43,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Render Kubernetes manifests for a deployment file.
     K8s(k8s::K8sArgs),
+    /// Plan a deployment file: what fits on the cards and the attention device, predicted TPOT and throughput.
+    Plan(plan::PlanArgs),
     /// Serve the OpenAI-compatible API over continuous batching, attention nodes and cards.
     Serve(serve::ServeArgs),
     /// Write a random checkpoint in Hugging Face layout.
@@ -63,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         Command::Compile(args) => compile::run(args),
         Command::Generate(args) => generate::run(args),
         Command::K8s(args) => k8s::run(args),
+        Command::Plan(args) => plan::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Up(args) => up::run(args),
