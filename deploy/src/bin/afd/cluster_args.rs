@@ -21,6 +21,9 @@ pub struct ClusterArgs {
     /// Executor threads per card (0: every core).
     #[arg(long, default_value_t = 1)]
     pub card_threads: usize,
+    /// Compute threads of the attention nodes (0: the cores the cards leave free, at least 1).
+    #[arg(long, default_value_t = 0)]
+    pub attention_threads: usize,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -64,6 +67,20 @@ impl ClusterArgs {
         c.transport = self.transport;
         c.card_threads = self.card_threads;
         c
+    }
+
+    /// The attention side's compute threads for this process (see
+    /// [`deploy::process::attention_threads`]).
+    pub fn compute_threads(&self) -> usize {
+        let per_card = if self.card_threads == 0 {
+            deploy::process::cores()
+        } else {
+            self.card_threads
+        };
+        deploy::process::attention_threads(
+            self.attention_threads,
+            self.cards.saturating_mul(per_card),
+        )
     }
 
     /// The trace file, if any.

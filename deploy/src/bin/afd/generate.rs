@@ -58,6 +58,17 @@ pub struct GenerateArgs {
     cluster: ClusterArgs,
 }
 
+impl GenerateArgs {
+    /// Compute threads for this process's attention side (0: every core).
+    pub fn compute_threads(&self) -> usize {
+        if self.reference {
+            0
+        } else {
+            self.cluster.compute_threads()
+        }
+    }
+}
+
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if !(0.0..=2.0).contains(&args.temperature)
         || !(0.0..=1.0).contains(&args.top_p)

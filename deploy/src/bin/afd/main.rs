@@ -56,9 +56,15 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    // SAFETY: first thing in main, before any thread is started.
-    unsafe { deploy::process::pin_thread_count() };
     let cli = Cli::parse();
+    let threads = match &cli.command {
+        Command::Serve(args) => args.compute_threads(),
+        Command::Generate(args) => args.compute_threads(),
+        Command::Verify(args) => args.compute_threads(),
+        _ => 0,
+    };
+    // SAFETY: before any thread is started (parsing the command line starts none).
+    unsafe { deploy::process::set_compute_threads(threads) };
     match cli.command {
         Command::Attention(args) => attention::run(args),
         Command::Card(args) => card::run(args),

@@ -186,6 +186,17 @@ fn progress_bar(config: &ClusterConfig, reference: bool) -> ProgressBar {
     bar
 }
 
+impl ServeArgs {
+    /// Compute threads for this process's attention side (0: every core).
+    pub fn compute_threads(&self) -> usize {
+        if self.reference || !self.attention_addrs.is_empty() {
+            0
+        } else {
+            self.cluster.compute_threads()
+        }
+    }
+}
+
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let model_dir = args.model.clone().unwrap_or_else(bundled_model);
     if !model_dir.join("config.json").exists() {

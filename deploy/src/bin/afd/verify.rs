@@ -75,6 +75,13 @@ fn reference(
     Ok((tokens, all_logits))
 }
 
+impl VerifyArgs {
+    /// Compute threads for this process's attention side (0: every core).
+    pub fn compute_threads(&self) -> usize {
+        self.cluster.compute_threads()
+    }
+}
+
 pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
     let weights = ModelWeights::load(&args.model)
         .with_context(|| format!("loading {}", args.model.display()))?;
