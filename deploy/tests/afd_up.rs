@@ -1,0 +1,291 @@
+//! `afd up` on the tiny deployment: every process starts and becomes healthy, the frontend
+//! serves a completion whose tokens equal `afd generate`'s, the cards answer the standard gRPC
+//! health check (what Kubernetes probes), and a SIGTERM stops everything with no process left
+//! behind; when a card dies, `afd up` stops the rest and exits non-zero naming it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const AFD: &str = env!("CARGO_BIN_EXE_afd");
+
+fn tiny() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deployments/tiny.toml")
+}
+
+/// Whether process `pid` still exists (and is not a zombie waiting to be reaped).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesized command name.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn send(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) has no memory effects.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+/// A running `afd up`, its stderr lines, and the processes it reported starting. Dropping it
+/// kills `afd up` and every process it started, so a failing test leaves nothing behind.
+struct Up {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    log: Vec<String>,
+    pids: Vec<(String, u32)>,
+}
+
+impl Up {
+    fn start(file: &Path) -> Up {
+        let mut child = Command::new(AFD)
+            .arg("up")
+            .arg(file)
+            .arg("--free-ports")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Up {
+            child,
+            lines,
+            log: Vec::new(),
+            pids: Vec::new(),
+        }
+    }
+
+    /// Reads stderr until a line contains `needle`; returns that line.
+    fn wait_for(&mut self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    // "[up] started card-0 (pid 123): afd card ..."
+                    if let Some(rest) = line.strip_prefix("[up] started ")
+                        && let Some((name, rest)) = rest.split_once(" (pid ")
+                        && let Some((pid, _)) = rest.split_once(')')
+                    {
+                        self.pids.push((name.to_string(), pid.parse().unwrap()));
+                    }
+                    self.log.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no line with {needle:?} within {within:?}; afd up said:\n{}",
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    fn pid(&self, name: &str) -> u32 {
+        self.pids.iter().find(|(n, _)| n == name).unwrap().1
+    }
+
+    /// Waits for `afd up` to exit, reading the rest of its output.
+    fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            while let Ok(line) = self.lines.try_recv() {
+                self.log.push(line);
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // The reader thread ends at EOF; collect what is left.
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
+                    self.log.push(line);
+                }
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "afd up did not exit within {within:?}:\n{}",
+                self.log.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for (_, pid) in &self.pids {
+            if alive(*pid) {
+                send(*pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 exchange (`Connection: close`): status and body.
+fn http(address: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+    let mut s = TcpStream::connect(address).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
+        payload.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
+}
+
+/// The address after `--listen` in a "[up] started ..." line of `name`.
+fn listen_address(up: &Up, name: &str) -> String {
+    let line = up
+        .log
+        .iter()
+        .find(|l| l.starts_with(&format!("[up] started {name} ")))
+        .unwrap();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let i = words.iter().position(|w| *w == "--listen").unwrap();
+    words[i + 1].to_string()
+}
+
+fn generate_alone(model: &str, prompt: &[u64], cards: usize, max_tokens: usize) -> Vec<u64> {
+    let ids: Vec<String> = prompt.iter().map(u64::to_string).collect();
+    let out = Command::new(AFD)
+        .args(["generate", "--model", model, "--ignore-eos"])
+        .args(["--cards", &cards.to_string()])
+        .args(["--max-tokens", &max_tokens.to_string()])
+        .args(["--prompt-ids", &ids.join(",")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "afd generate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+/// The standard gRPC health check (grpc.health.v1), as Kubernetes' grpc probe sends it.
+fn grpc_health_serving(address: &str) -> bool {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = HealthClient::new(channel);
+        let reply = client
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        reply.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    })
+}
+
+#[test]
+fn afd_up_serves_a_completion_and_stops_every_process() {
+    let deployment = deploy::deployment::Deployment::load(&tiny()).unwrap();
+    let mut up = Up::start(&tiny());
+    let ready = up.wait_for("[up] ready", Duration::from_secs(300));
+    let url = ready
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap();
+    let address = url.trim_start_matches("http://").to_string();
+    let expected_processes = deployment.cards.count + deployment.attention.nodes + 1;
+    assert_eq!(up.pids.len(), expected_processes, "{:?}", up.pids);
+    assert!(up.pids.iter().all(|(_, pid)| alive(*pid)));
+
+    // Served through the frontend-only `afd serve` over the attention process: the same
+    // greedy tokens as the whole pipeline in one process.
+    let (status, models) = http(&address, "GET", "/v1/models", None);
+    assert_eq!(status, 200, "{models}");
+    let model_id = serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"].clone();
+    let prompt: Vec<u64> = vec![12, 345, 67, 890, 11, 23];
+    let body = json!({"model": model_id, "prompt": prompt, "max_tokens": 8, "temperature": 0,
+                      "ignore_eos": true, "return_token_ids": true});
+    let (status, answer) = http(&address, "POST", "/v1/completions", Some(&body));
+    assert_eq!(status, 200, "{answer}");
+    let v: Value = serde_json::from_str(&answer).unwrap();
+    let got: Vec<u64> = v["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let model = deployment.checkpoint().unwrap();
+    assert_eq!(
+        got,
+        generate_alone(model.to_str().unwrap(), &prompt, deployment.cards.count, 8)
+    );
+    assert!(grpc_health_serving(&listen_address(&up, "card-0")));
+    assert!(grpc_health_serving(&listen_address(&up, "attention-0")));
+
+    send(up.child.id(), libc::SIGTERM);
+    let status = up.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "{status}:\n{}", up.log.join("\n"));
+    for (name, pid) in &up.pids {
+        assert!(!alive(*pid), "{name} (pid {pid}) is still running");
+    }
+    assert!(
+        up.log.iter().any(|l| l.contains("every process stopped")),
+        "{}",
+        up.log.join("\n")
+    );
+}
+
+#[test]
+fn afd_up_stops_everything_and_fails_naming_a_card_that_died() {
+    let mut up = Up::start(&tiny());
+    up.wait_for("[up] ready", Duration::from_secs(300));
+    let victim = up.pid("card-1");
+    send(victim, libc::SIGKILL);
+    let status = up.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "afd up should fail when a card dies");
+    let log = up.log.join("\n");
+    assert!(
+        log.contains(&format!("card-1 (pid {victim}) exited on its own")),
+        "{log}"
+    );
+    assert!(log.contains("SIGKILL"), "{log}");
+    for (name, pid) in &up.pids {
+        assert!(!alive(*pid), "{name} (pid {pid}) is still running");
+    }
+}

@@ -1,0 +1,315 @@
+//! `afd k8s`: the output parses as YAML, and its names, Services and ports wire every role to
+//! the ones it talks to: attention nodes dial card DNS names and ports that the headless
+//! Service and StatefulSet make exist, the frontend dials attention Services that select
+//! exactly one attention pod on the port it listens on, probes hit ports the containers
+//! expose, and every volume names the ConfigMap and Secret that are rendered.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use deploy::deployment::Deployment;
+use serde::Deserialize;
+use serde_json::Value;
+
+const AFD: &str = env!("CARGO_BIN_EXE_afd");
+
+fn tiny() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deployments/tiny.toml")
+}
+
+fn afd_k8s(args: &[&str]) -> String {
+    let out = Command::new(AFD).arg("k8s").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "afd k8s {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Every document of a YAML stream.
+fn parse(yaml: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(yaml)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn name(o: &Value) -> &str {
+    o["metadata"]["name"].as_str().unwrap()
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, n: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && name(o) == n)
+        .unwrap_or_else(|| panic!("no {kind} {n}"))
+}
+
+fn args(container: &Value) -> Vec<String> {
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn flag(args: &[String], f: &str) -> String {
+    let i = args
+        .iter()
+        .position(|a| a == f)
+        .unwrap_or_else(|| panic!("no {f} in {args:?}"));
+    args[i + 1].clone()
+}
+
+fn container(workload: &Value) -> &Value {
+    &workload["spec"]["template"]["spec"]["containers"][0]
+}
+
+/// The container port a Service port or probe names (by name or number).
+fn container_port(c: &Value, port: &Value) -> u64 {
+    let ports = c["ports"].as_array().unwrap();
+    let found = ports
+        .iter()
+        .find(|p| (port.is_string() && p["name"] == *port) || p["containerPort"] == *port);
+    found.unwrap_or_else(|| panic!("no container port {port} in {ports:?}"))["containerPort"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Whether `selector`'s labels are all on `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_object()
+        .unwrap()
+        .iter()
+        .all(|(k, v)| labels[k] == *v)
+}
+
+/// The workloads (Deployment/StatefulSet) whose pods Service `svc` selects.
+fn selected<'a>(objects: &'a [Value], svc: &Value) -> Vec<&'a Value> {
+    objects
+        .iter()
+        .filter(|o| o["spec"]["template"].is_object())
+        .filter(|o| {
+            selects(
+                &svc["spec"]["selector"],
+                &o["spec"]["template"]["metadata"]["labels"],
+            )
+        })
+        .collect()
+}
+
+/// `host:port` -> the Service it names (the first DNS label) and the container port it reaches.
+fn resolve<'a>(objects: &'a [Value], address: &str) -> (&'a Value, u64) {
+    let (host, port) = address.rsplit_once(':').unwrap();
+    // `svc` or `pod.svc` (a StatefulSet pod through its headless Service).
+    let service_name = match host.split_once('.') {
+        Some((_pod, rest)) => rest.split('.').next().unwrap(),
+        None => host,
+    };
+    let svc = find(objects, "Service", service_name);
+    let port: u64 = port.parse().unwrap();
+    let svc_port = svc["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["port"] == port)
+        .unwrap_or_else(|| panic!("Service {service_name} has no port {port}"));
+    let workloads = selected(objects, svc);
+    assert_eq!(
+        workloads.len(),
+        1,
+        "{service_name} selects {} workloads",
+        workloads.len()
+    );
+    (
+        workloads[0],
+        container_port(container(workloads[0]), &svc_port["targetPort"]),
+    )
+}
+
+/// Checks the wiring of one rendered deployment with `cards` cards and `nodes` attention nodes.
+fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
+    // Config and TLS material.
+    let config = find(objects, "ConfigMap", &format!("{prefix}-deployment"));
+    let text = config["data"]["deployment.toml"].as_str().unwrap();
+    let pod_file = Deployment::from_toml(text, Path::new("/etc/afd/config")).unwrap();
+    assert_eq!(pod_file.cards.count, cards);
+    assert_eq!(pod_file.attention.nodes, nodes);
+    let secret = find(objects, "Secret", &format!("{prefix}-tls"));
+    let files: BTreeSet<&str> = secret["stringData"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    let mut want = BTreeSet::from(["ca.pem".to_string()]);
+    for node in (0..nodes)
+        .map(|j| format!("attn-{j}"))
+        .chain((0..cards).map(|k| format!("card-{k}")))
+    {
+        want.insert(format!("{node}.pem"));
+        want.insert(format!("{node}.key.pem"));
+    }
+    assert_eq!(files, want.iter().map(|s| s.as_str()).collect());
+    for pem in secret["stringData"].as_object().unwrap().values() {
+        assert!(pem.as_str().unwrap().contains("-----BEGIN"));
+    }
+
+    // Every pod: volumes name the objects above, mounts name the volumes, the probe hits an
+    // exposed port, and its listen port is a declared container port.
+    let workloads: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["spec"]["template"].is_object())
+        .collect();
+    assert_eq!(workloads.len(), 2 + nodes);
+    for w in &workloads {
+        let spec = &w["spec"]["template"]["spec"];
+        let volumes: BTreeMap<&str, &Value> = spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| (v["name"].as_str().unwrap(), v))
+            .collect();
+        assert_eq!(volumes["config"]["configMap"]["name"], name(config));
+        assert_eq!(volumes["tls"]["secret"]["secretName"], name(secret));
+        let c = container(w);
+        for m in c["volumeMounts"].as_array().unwrap() {
+            assert!(volumes.contains_key(m["name"].as_str().unwrap()), "{m}");
+        }
+        let probe = &c["readinessProbe"];
+        let port = if probe["grpc"].is_object() {
+            &probe["grpc"]["port"]
+        } else {
+            &probe["httpGet"]["port"]
+        };
+        container_port(c, port);
+        let a = args(c);
+        let listen = if a[0] == "serve" {
+            flag(&a, "--port")
+        } else {
+            flag(&a, "--listen").rsplit_once(':').unwrap().1.to_string()
+        };
+        container_port(c, &Value::from(listen.parse::<u64>().unwrap()));
+        assert_eq!(
+            flag(&a, "--model"),
+            pod_file.model.path.as_ref().unwrap().display().to_string()
+        );
+    }
+
+    // Cards: a StatefulSet of `cards` pods behind a headless Service of the same name.
+    let set = find(objects, "StatefulSet", &format!("{prefix}-card"));
+    assert_eq!(set["spec"]["replicas"], cards as u64);
+    let headless = find(
+        objects,
+        "Service",
+        set["spec"]["serviceName"].as_str().unwrap(),
+    );
+    assert_eq!(headless["spec"]["clusterIP"], "None");
+    assert!(selects(
+        &set["spec"]["selector"]["matchLabels"],
+        &set["spec"]["template"]["metadata"]["labels"]
+    ));
+
+    // Attention nodes dial card-K.<headless>:<port>, in card order, on the cards' listen port.
+    let mut ids = BTreeSet::new();
+    let mut attention_listen = BTreeMap::new();
+    for j in 0..nodes {
+        let d = find(objects, "Deployment", &format!("{prefix}-attention-{j}"));
+        let a = args(container(d));
+        assert_eq!(a[0], "attention");
+        ids.insert(flag(&a, "--id"));
+        assert_eq!(flag(&a, "--deployment"), "/etc/afd/config/deployment.toml");
+        let dialed: Vec<String> = flag(&a, "--cards").split(',').map(String::from).collect();
+        assert_eq!(dialed.len(), cards);
+        for (k, address) in dialed.iter().enumerate() {
+            let (host, _) = address.rsplit_once(':').unwrap();
+            assert_eq!(host, format!("{}-{k}.{}", name(set), name(headless)));
+            let (workload, port) = resolve(objects, address);
+            assert_eq!(workload["kind"], "StatefulSet");
+            let card_listen = flag(&args(container(workload)), "--listen");
+            assert!(
+                card_listen.ends_with(&format!(":{port}")),
+                "{card_listen} vs {port}"
+            );
+        }
+        attention_listen.insert(name(d).to_string(), flag(&a, "--listen"));
+    }
+    assert_eq!(ids, (0..nodes).map(|j| j.to_string()).collect());
+
+    // The frontend dials each attention node's Service, which reaches that node's listen port.
+    let frontend = find(objects, "Deployment", &format!("{prefix}-frontend"));
+    let a = args(container(frontend));
+    assert_eq!(a[0], "serve");
+    let attention_addrs = flag(&a, "--attention-addrs");
+    let dialed: Vec<&str> = attention_addrs.split(',').collect();
+    assert_eq!(dialed.len(), nodes);
+    let mut reached = BTreeSet::new();
+    for address in dialed {
+        let (workload, port) = resolve(objects, address);
+        let listen = &attention_listen[name(workload)];
+        assert!(listen.ends_with(&format!(":{port}")), "{listen} vs {port}");
+        reached.insert(name(workload).to_string());
+    }
+    assert_eq!(reached.len(), nodes, "two addresses reach the same node");
+    let svc = find(objects, "Service", &format!("{prefix}-frontend"));
+    let (workload, port) = resolve(
+        objects,
+        &format!("{}:{}", name(svc), svc["spec"]["ports"][0]["port"]),
+    );
+    assert_eq!(name(workload), name(frontend));
+    assert_eq!(port.to_string(), flag(&a, "--port"));
+}
+
+#[test]
+fn the_tiny_deployment_renders_wired_manifests() {
+    let objects = parse(&afd_k8s(&[tiny().to_str().unwrap()]));
+    let d = Deployment::load(&tiny()).unwrap();
+    check(&objects, d.cards.count, d.attention.nodes, "afd");
+}
+
+#[test]
+fn several_cards_and_attention_nodes_written_to_a_folder_are_wired() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/afd-tiny-gpt-oss");
+    let file = dir.path().join("wide.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[model]\npath = \"{}\"\n[cards]\ncount = 3\nbase_port = 9100\n[attention]\nnodes = 2\n\
+             base_port = 9200\n[server]\nport = 9000\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+    let certs = dir.path().join("certs");
+    let made = Command::new(AFD)
+        .args(["certs", "--out", certs.to_str().unwrap()])
+        .args(["--nodes", "attn-0,attn-1,card-0,card-1,card-2"])
+        .output()
+        .unwrap();
+    assert!(made.status.success());
+    let out = dir.path().join("manifests");
+    let listed = afd_k8s(&[
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--name",
+        "wide",
+        "--certs",
+        certs.to_str().unwrap(),
+    ]);
+    let mut objects = Vec::new();
+    for path in listed.lines() {
+        objects.extend(parse(&std::fs::read_to_string(path).unwrap()));
+    }
+    check(&objects, 3, 2, "wide");
+    // The Secret holds the certificates made by `afd certs`, not new ones, and no CA key.
+    let secret = find(&objects, "Secret", "wide-tls");
+    let ca = std::fs::read_to_string(certs.join("ca.pem")).unwrap();
+    assert_eq!(secret["stringData"]["ca.pem"], ca.as_str());
+    assert!(secret["stringData"].get("ca.key.pem").is_none());
+}
