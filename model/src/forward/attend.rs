@@ -40,7 +40,7 @@ impl RowAttention<'_> {
         out: &mut [f32],
     ) {
         let (d, kv_w) = (self.head_dim, self.kv_heads * self.head_dim);
-        let group = self.heads / self.kv_heads.max(1);
+        let group = (self.heads / self.kv_heads.max(1)).max(1);
         let q_w = self.heads * d;
         for (i, (qi, oi)) in q
             .chunks_exact(q_w)
@@ -53,64 +53,78 @@ impl RowAttention<'_> {
                 AttentionKind::Sliding { window } => (pos + 1).saturating_sub(window),
             }
             .max(first_key);
+            let n = pos + 1 - lo;
+            // Key-major: each key row is read once for all heads; scores are [heads, n].
+            scores.clear();
+            scores.resize(self.heads * n, 0.0);
+            for (j, (k, _)) in rows(runs, first_key, lo, pos + 1, kv_w).enumerate() {
+                for h in 0..self.heads {
+                    let g = h / group;
+                    scores[h * n + j] =
+                        dot(&qi[h * d..(h + 1) * d], &k[g * d..(g + 1) * d]) * self.scale;
+                }
+            }
             for h in 0..self.heads {
-                let g = h / group.max(1);
-                let qh = &qi[h * d..(h + 1) * d];
-                let oh = &mut oi[h * d..(h + 1) * d];
-                scores.clear();
-                visit(runs, first_key, lo, pos + 1, kv_w, |k, _| {
-                    scores.push(dot(qh, &k[g * d..(g + 1) * d]) * self.scale);
-                });
+                let row = &mut scores[h * n..(h + 1) * n];
                 let sink = self.sinks.map(|s| s[h]);
-                let max = scores
+                let max = row
                     .iter()
                     .copied()
                     .chain(sink)
                     .fold(f32::NEG_INFINITY, f32::max);
                 let mut denom = 0f32;
-                for s in scores.iter_mut() {
+                for s in row.iter_mut() {
                     *s = (*s - max).exp();
                     denom += *s;
                 }
                 if let Some(s) = sink {
                     denom += (s - max).exp();
                 }
-                oh.fill(0.0);
-                let mut j = 0;
-                visit(runs, first_key, lo, pos + 1, kv_w, |_, v| {
-                    let p = scores[j] / denom;
-                    j += 1;
-                    for (o, &x) in oh.iter_mut().zip(&v[g * d..(g + 1) * d]) {
+                for s in row.iter_mut() {
+                    *s /= denom;
+                }
+            }
+            oi.fill(0.0);
+            for (j, (_, v)) in rows(runs, first_key, lo, pos + 1, kv_w).enumerate() {
+                for h in 0..self.heads {
+                    let (g, p) = (h / group, scores[h * n + j]);
+                    for (o, &x) in oi[h * d..(h + 1) * d]
+                        .iter_mut()
+                        .zip(&v[g * d..(g + 1) * d])
+                    {
                         *o += p * x;
                     }
-                });
+                }
             }
         }
     }
 }
 
-/// Calls `f(key_row, value_row)` for positions `from..to`; `runs` start at position `base`.
-fn visit(
-    runs: &[KvRun<'_>],
+/// The key and value rows of positions `from..to`; `runs` start at position `base`.
+fn rows<'r>(
+    runs: &'r [KvRun<'r>],
     base: usize,
     from: usize,
     to: usize,
     row: usize,
-    mut f: impl FnMut(&[f32], &[f32]),
-) {
+) -> impl Iterator<Item = (&'r [f32], &'r [f32])> {
+    let row = row.max(1);
     let mut at = base;
-    for run in runs {
-        let n = run.keys.len() / row.max(1);
-        let (lo, hi) = (from.max(at), to.min(at + n));
-        for p in lo..hi {
-            let r = (p - at) * row;
-            f(&run.keys[r..r + row], &run.values[r..r + row]);
-        }
-        at += n;
-        if at >= to {
-            break;
-        }
-    }
+    runs.iter()
+        .map(move |run| {
+            let start = at;
+            at += run.keys.len() / row;
+            (start, run)
+        })
+        .take_while(move |(start, _)| *start < to)
+        .flat_map(move |(start, run)| {
+            let n = run.keys.len() / row;
+            let (lo, hi) = (from.max(start), to.min(start + n));
+            (lo..hi.max(lo)).map(move |p| {
+                let r = (p - start) * row;
+                (&run.keys[r..r + row], &run.values[r..r + row])
+            })
+        })
 }
 
 /// Dot product in eight independent lanes (so the compiler vectorizes it).
