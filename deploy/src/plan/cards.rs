@@ -1,6 +1,8 @@
 //! The cards' side of the system model: each card's share compiled by corsair-ffn's compiler
 //! (placement, SRAM plan, spills) and timed by its performance model.
 
+use std::collections::BTreeMap;
+
 use corsair_ffn::perf::{LayerLoad, LayerTime, layer_time, lm_head_time};
 use corsair_ffn::program::{LayerKind, Program};
 use corsair_ffn::report::{CardSummary, summarize};
@@ -19,9 +21,9 @@ pub struct CardMemory {
     pub sram_bytes_available: u64,
     /// SRAM by region kind (expert weights, dense weights, biases, I/O, activations, partial
     /// sums, staging, logits); transient kinds at their peak of live bytes.
-    pub sram_by_kind: Vec<(String, u64)>,
+    pub sram_by_kind: BTreeMap<String, u64>,
     /// LPDDR by region kind (the LM-head shard, spilled weights).
-    pub lpddr_by_kind: Vec<(String, u64)>,
+    pub lpddr_by_kind: BTreeMap<String, u64>,
     /// Matrices streamed from LPDDR every step because they did not fit in SRAM.
     pub spilled_matrices: usize,
     /// Their bytes.
@@ -61,8 +63,8 @@ impl CardMemory {
             share: String::new(),
             sram_bytes_needed: 0,
             sram_bytes_available,
-            sram_by_kind: Vec::new(),
-            lpddr_by_kind: Vec::new(),
+            sram_by_kind: BTreeMap::new(),
+            lpddr_by_kind: BTreeMap::new(),
             spilled_matrices: 0,
             spilled_bytes: 0,
             error: Some(error),

@@ -291,8 +291,9 @@ pub fn weight_bytes(config: &ModelConfig, whole_model: bool, device: &DeviceProf
                 (FfnKind::Moe, Some(m), _) => {
                     let i = m.intermediate_size as f64;
                     let e = m.num_experts as f64;
-                    // gate_up and down weights, and their biases (in bf16).
-                    bytes += e * 3.0 * i * h * eb + e * (2.0 * i + h) * wb;
+                    // gate_up and down weights, and their biases (in bf16) when the model has them.
+                    let biases = if m.expert_bias { 2.0 * i + h } else { 0.0 };
+                    bytes += e * 3.0 * i * h * eb + e * biases * wb;
                 }
                 (FfnKind::Dense, _, Some(di)) => bytes += 3.0 * di as f64 * h * wb,
                 _ => {}
