@@ -273,11 +273,17 @@ for path in sorted(glob.glob(os.path.join(out, "metrics", "*.txt"))):
             steps = float(m.group(2))
     if cards and steps > 0 and tokens > 0:
         rows.setdefault(name, []).append((len(cards), max(cards.values()), sum(cards.values()), steps, tokens))
-print("| variant | cards | steps | output tokens | busiest card, modeled ms per step | all cards, modeled ms per output token |")
-print("|---|---:|---:|---:|---:|---:|")
-for name, runs in rows.items():
-    for n, busiest, total, steps, tokens in runs:
-        print(f"| {name} | {n} | {steps:.0f} | {tokens:.0f} | {1000 * busiest / steps:.3f} | {1000 * total / tokens:.3f} |")
+def median(xs):
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+print("Per server (all its runs and warm-ups together), median over rounds.\n")
+print("| variant | cards | rounds | steps | output tokens | busiest card, modeled ms per step | all cards, modeled ms per output token |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for name, runs in sorted(rows.items(), key=lambda kv: (kv[1][0][0], kv[0])):
+    print(f"| {name} | {runs[0][0]} | {len(runs)} | {median([r[3] for r in runs]):.0f} | "
+          f"{median([r[4] for r in runs]):.0f} | {median([1000 * r[1] / r[3] for r in runs]):.3f} | "
+          f"{median([1000 * r[2] / r[4] for r in runs]):.3f} |")
 EOF
 
 if command -v rsvg-convert >/dev/null 2>&1; then

@@ -47,6 +47,9 @@ def parse_args():
                    help="prompt ids are drawn from [0, vocab-size), as afd-loadtest does")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt ids")
     p.add_argument("--label", default="hf-transformers", help="label written to each result")
+    p.add_argument("--omp-wait-policy", default="passive", choices=["passive", "active", "as-is"],
+                   help="OMP_WAIT_POLICY for torch's OpenMP threads (see below; as-is: the "
+                        "environment's)")
     args = p.parse_args()
     if args.output_len < 2:
         p.error("--output-len must be at least 2 (TPOT needs two tokens)")
@@ -61,6 +64,11 @@ def parse_args():
 
 def main():
     args = parse_args()
+    # OpenMP's default spin-waiting collapses when other processes share the cores: on a busy
+    # 2-core machine transformers dropped from 91 to 4 tok/s at batch 1; passive waiting kept
+    # about half of the idle figure. Must be set before torch loads its OpenMP runtime.
+    if args.omp_wait_policy != "as-is":
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
     try:
         import torch
         import transformers
@@ -147,6 +155,7 @@ def main():
         "model": args.model,
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
