@@ -1,7 +1,8 @@
 //! Deployments and the `afd` binary.
 //!
-//! Owns deployment files (`deploy/*.toml`), the planner and system performance model, the local
-//! multi-process launcher, Kubernetes manifests, the assembly of a disaggregated deployment
+//! Owns deployment files (`deploy/deployments/*.toml`, [`deployment`]), the planner and system
+//! performance model ([`plan`], with the device and network profiles in `deploy/profiles/`), the
+//! local multi-process launcher, Kubernetes manifests, the assembly of a disaggregated deployment
 //! ([`cluster`]), and the command-line front end that starts any role.
 //!
 //! Must not: hold model numerics or protocol logic of its own; it wires the other crates together.
