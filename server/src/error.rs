@@ -26,6 +26,9 @@ pub enum ApiError {
         /// The parameter at fault.
         param: Option<String>,
     },
+    /// The request lacks the server's API key (401).
+    #[error("{0}")]
+    Unauthorized(String),
     /// Too many requests are waiting (429).
     #[error("{0}")]
     Overloaded(String),
@@ -80,6 +83,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -91,6 +95,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => "BadRequestError",
             ApiError::NotFound { .. } => "NotFoundError",
+            ApiError::Unauthorized(_) => "AuthenticationError",
             ApiError::Overloaded(_) => "TooManyRequestsError",
             ApiError::Unavailable(_) => "ServiceUnavailableError",
             ApiError::Internal(_) => "InternalServerError",

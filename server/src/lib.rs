@@ -41,14 +41,20 @@ use axum::serve::ListenerExt;
 use router::{AfdStatsSource, Router};
 
 pub use error::{ApiError, Error};
-pub use state::{AppState, ServerConfig};
+pub use state::{ApiKey, AppState, ServerConfig};
 
 /// The axum application over `state`.
 pub fn app(state: Arc<AppState>) -> axum::Router {
-    axum::Router::new()
+    let api = axum::Router::new()
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(models::list_models))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    axum::Router::new()
+        .merge(api)
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/health", get(health::health))
@@ -57,6 +63,30 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
         .route("/version", get(health::version))
         .fallback(health::not_found)
         .with_state(state)
+}
+
+/// Refuses `/v1/*` requests without the configured API key (401, OpenAI error envelope).
+async fn require_api_key(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if let Some(key) = &state.config.api_key {
+        let header = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if !key.admits(header) {
+            return ApiError::Unauthorized(
+                "missing or wrong API key: send the header `Authorization: Bearer <key>` with \
+                 the key the server was started with (--api-key)"
+                    .into(),
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// A bound, not yet running, HTTP server.

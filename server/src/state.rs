@@ -30,6 +30,36 @@ pub struct ServerConfig {
     pub max_n: usize,
     /// Largest `logprobs` / `top_logprobs` accepted (vLLM: 20).
     pub max_logprobs: usize,
+    /// Bearer token every `/v1/*` request must carry (`Authorization: Bearer ...`), as vLLM's
+    /// `--api-key`; `None`: no authentication. `/health`, `/metrics` and the rest stay open.
+    pub api_key: Option<ApiKey>,
+}
+
+/// A secret that never appears in logs or `Debug` output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Wraps `key`.
+    pub fn new(key: impl Into<String>) -> Self {
+        ApiKey(key.into())
+    }
+
+    /// Whether `header` (an `Authorization` value) is `Bearer <this key>`. Compares in time
+    /// independent of where the first difference is.
+    pub fn admits(&self, header: Option<&str>) -> bool {
+        let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ")) else {
+            return false;
+        };
+        let (a, b) = (token.as_bytes(), self.0.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
 }
 
 impl Default for ServerConfig {
@@ -42,6 +72,7 @@ impl Default for ServerConfig {
             default_max_tokens: 16,
             max_n: 16,
             max_logprobs: 20,
+            api_key: None,
         }
     }
 }

@@ -173,3 +173,29 @@ async fn malformed_bodies_are_400() {
             .contains("afd_request_errors_total{model_name=\"tiny\",type=\"BadRequestError\"}")
     );
 }
+
+#[tokio::test]
+async fn with_an_api_key_v1_routes_need_the_bearer_token_and_health_stays_open() {
+    let node = router::fake::FakeNodeConfig::default();
+    let nodes: Vec<Box<dyn gpu_attention::AttentionNode>> =
+        vec![Box::new(router::fake::FakeNode::new(node.clone()))];
+    let s = start_secured(node, nodes, router_config(8, 8), Some("sk-test")).await;
+    let body = json!({"model": "tiny", "prompt": "a", "max_tokens": 2});
+    let (status, v) = s.post("/v1/completions", body.clone()).await;
+    assert_error(status, &v, 401, None);
+    assert_eq!(v["error"]["type"], "AuthenticationError");
+    let send = |key: &'static str| {
+        s.client
+            .post(s.url("/v1/completions"))
+            .header("Authorization", format!("Bearer {key}"))
+            .json(&body)
+            .send()
+    };
+    assert_eq!(send("sk-wrong").await.unwrap().status().as_u16(), 401);
+    let ok = send("sk-test").await.unwrap();
+    assert_eq!(ok.status().as_u16(), 200);
+    let v: Value = ok.json().await.unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
+    assert_eq!(s.get("/health").await.0, 200);
+    assert_eq!(s.get("/metrics").await.0, 200);
+}

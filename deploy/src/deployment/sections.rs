@@ -249,8 +249,9 @@ pub struct ServerSection {
     pub host: String,
     /// Port to listen on (0: any free port). Default 8000.
     pub port: u16,
-    /// Bearer token clients must send (`Authorization: Bearer ...`), as vLLM's `--api-key`.
-    /// Default: none (no authentication).
+    /// Bearer token clients must send on `/v1/*` (`Authorization: Bearer ...`), as vLLM's
+    /// `--api-key`; `afd up` hands it to the frontend in `VLLM_API_KEY` and `afd k8s` from a
+    /// Secret, never on a command line. Default: none (no authentication).
     pub api_key: Option<String>,
     /// Requests allowed to wait for a slot; beyond it the server answers 429. Default 1024.
     pub max_waiting: usize,

@@ -242,6 +242,8 @@ pub fn render(d: &Deployment, options: &K8sOptions) -> Result<Manifests> {
     pod_file.model.path = Some(PathBuf::from(&model_dir));
     pod_file.model.shape = None;
     pod_file.transport.tls_dir = None;
+    // The key goes to the frontend from a Secret of its own.
+    pod_file.server.api_key = None;
     pod_file.cards.addresses = names.card_addresses(d.cards.count, ports.card);
     pod_file.attention.addresses = names.attention_addresses(d.attention.nodes, ports.attention);
     if card_profile.is_some() {
@@ -273,6 +275,9 @@ pub fn render(d: &Deployment, options: &K8sOptions) -> Result<Manifests> {
     let mut base = vec![build.config_map(&config)];
     if let Some(tls) = &options.tls {
         base.push(build.secret(tls));
+    }
+    if let Some(key) = &d.server.api_key {
+        base.push(build.api_key_secret(key));
     }
     files.push(("00-config.yaml".to_string(), base));
     files.push(("10-cards.yaml".to_string(), build.cards()));

@@ -6,7 +6,10 @@ use serde_json::{Value, json};
 
 use super::{CONFIG_MOUNT, K8sOptions, MODEL_MOUNT, TLS_MOUNT};
 use crate::deployment::Deployment;
-use crate::launch::plan::{RolePaths, attention_args, card_args, frontend_args};
+use crate::launch::plan::{API_KEY_ENV, RolePaths, attention_args, card_args, frontend_args};
+
+/// The item of the API-key Secret.
+const API_KEY_ITEM: &str = "api-key";
 
 /// Object names, all prefixed with the instance name.
 #[derive(Debug, Clone)]
@@ -45,6 +48,11 @@ impl Names {
     /// The Secret with the TLS material.
     pub fn tls(&self) -> String {
         format!("{}-tls", self.prefix)
+    }
+
+    /// The Secret with the HTTP API key.
+    pub fn api_key(&self) -> String {
+        format!("{}-api-key", self.prefix)
     }
 
     /// Card K's stable DNS name through the headless Service, with its control port.
@@ -138,6 +146,17 @@ impl Builder<'_> {
             "metadata": self.metadata(&self.names.tls(), "tls"),
             "type": "Opaque",
             "stringData": files,
+        })
+    }
+
+    /// The HTTP API key (`server.api_key`), kept out of the ConfigMap.
+    pub fn api_key_secret(&self, key: &str) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": self.metadata(&self.names.api_key(), "api-key"),
+            "type": "Opaque",
+            "stringData": {API_KEY_ITEM: key},
         })
     }
 
@@ -326,7 +345,16 @@ impl Builder<'_> {
             "initialDelaySeconds": 2,
             "periodSeconds": 5,
         });
-        let container = self.container("frontend", args, Vec::new(), ports, probe);
+        // The API key reaches the frontend from its Secret, as `afd up` passes it: in the
+        // environment, never on the command line.
+        let env = match &self.d.server.api_key {
+            Some(_) => vec![json!({
+                "name": API_KEY_ENV,
+                "valueFrom": {"secretKeyRef": {"name": self.names.api_key(), "key": API_KEY_ITEM}},
+            })],
+            None => Vec::new(),
+        };
+        let container = self.container("frontend", args, env, ports, probe);
         let service = json!({
             "apiVersion": "v1",
             "kind": "Service",

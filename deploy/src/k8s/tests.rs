@@ -118,3 +118,26 @@ fn what_cannot_run_on_kubernetes_is_refused() {
         assert!(render(&deployment(TEXT), &options).is_err(), "{bad:?}");
     }
 }
+
+#[test]
+fn the_api_key_reaches_the_frontend_from_its_own_secret_and_stays_out_of_the_config_map() {
+    let text = format!("{TEXT}[server]\napi_key = \"sk-secret\"\n");
+    let m = render(&deployment(&text), &K8sOptions::default()).unwrap();
+    let config = m.objects().next().unwrap();
+    assert!(!config.to_string().contains("sk-secret"));
+    let secret = m
+        .objects()
+        .find(|o| o["kind"] == "Secret" && o["metadata"]["name"] == "afd-api-key")
+        .unwrap();
+    assert_eq!(secret["stringData"]["api-key"], "sk-secret");
+    let frontend = m
+        .objects()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "afd-frontend")
+        .unwrap();
+    let container = &frontend["spec"]["template"]["spec"]["containers"][0];
+    assert!(!container["args"].to_string().contains("sk-secret"));
+    let env = container["env"].as_array().unwrap();
+    let key = env.iter().find(|e| e["name"] == "VLLM_API_KEY").unwrap();
+    assert_eq!(key["valueFrom"]["secretKeyRef"]["name"], "afd-api-key");
+    assert_eq!(key["valueFrom"]["secretKeyRef"]["key"], "api-key");
+}

@@ -60,6 +60,9 @@ pub struct ProcessSpec {
     pub role: Role,
     /// Arguments after the `afd` program name (the subcommand first).
     pub args: Vec<String>,
+    /// Environment variables set for it besides the inherited ones (secrets go here, not in
+    /// `args`, which anyone on the machine can read).
+    pub env: Vec<(String, String)>,
     /// When it counts as started.
     pub health: HealthCheck,
 }
@@ -234,6 +237,9 @@ pub fn attention_args(
     args
 }
 
+/// The variable `afd serve` reads its API key from (vLLM's name).
+pub const API_KEY_ENV: &str = "VLLM_API_KEY";
+
 /// `afd serve` as the frontend alone on `host:port`, over the attention nodes at `attention`.
 pub fn frontend_args(
     d: &Deployment,
@@ -309,6 +315,7 @@ pub fn plan(d: &Deployment, addresses: &Addresses, files: &LaunchFiles) -> Resul
         processes.push(ProcessSpec {
             role: Role::Card(k),
             args: card_args(d, &paths, &k.to_string(), &listen.to_string(), None),
+            env: Vec::new(),
             health: HealthCheck::Card(reachable(*listen)),
         });
     }
@@ -317,6 +324,7 @@ pub fn plan(d: &Deployment, addresses: &Addresses, files: &LaunchFiles) -> Resul
         processes.push(ProcessSpec {
             role: Role::Attention(j),
             args: attention_args(&paths, j, &listen.to_string(), None, &cards),
+            env: Vec::new(),
             health: HealthCheck::Attention(reachable(*listen)),
         });
     }
@@ -330,6 +338,12 @@ pub fn plan(d: &Deployment, addresses: &Addresses, files: &LaunchFiles) -> Resul
             addresses.frontend.port(),
             &attention,
         ),
+        env: d
+            .server
+            .api_key
+            .iter()
+            .map(|key| (API_KEY_ENV.to_string(), key.clone()))
+            .collect(),
         health: HealthCheck::Http {
             address: reachable(addresses.frontend),
             path: "/health".into(),
@@ -408,6 +422,21 @@ mod tests {
             addresses.tls_names(),
             ["attn-0", "attn-1", "card-0", "card-1", "card-2"]
         );
+    }
+
+    #[test]
+    fn the_api_key_goes_to_the_frontend_environment_only() {
+        let d = deployment(&format!("{TEXT}[server]\napi_key = \"sk-1\"\n"));
+        let addresses = Addresses::from_deployment(&d).unwrap();
+        let plan = plan(&d, &addresses, &files()).unwrap();
+        for p in &plan.processes {
+            assert!(!p.args.iter().any(|a| a.contains("sk-1")), "{:?}", p.args);
+            let want: Vec<(String, String)> = match p.role {
+                Role::Frontend => vec![(API_KEY_ENV.into(), "sk-1".into())],
+                _ => Vec::new(),
+            };
+            assert_eq!(p.env, want);
+        }
     }
 
     #[test]

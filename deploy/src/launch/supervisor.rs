@@ -250,6 +250,7 @@ impl Supervisor {
         let mut command = tokio::process::Command::new(&self.config.program);
         command
             .args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -343,6 +344,7 @@ mod tests {
         ProcessSpec {
             role,
             args: vec!["-c".into(), script.into()],
+            env: Vec::new(),
             // Nothing listens there: the process never becomes healthy.
             health: HealthCheck::Http {
                 address: format!("127.0.0.1:{port}"),

@@ -72,6 +72,16 @@ pub async fn start_nodes(
     nodes: Vec<Box<dyn AttentionNode>>,
     router: RouterConfig,
 ) -> TestServer {
+    start_secured(node, nodes, router, None).await
+}
+
+/// A server whose `/v1/*` routes require `api_key` when given.
+pub async fn start_secured(
+    node: FakeNodeConfig,
+    nodes: Vec<Box<dyn AttentionNode>>,
+    router: RouterConfig,
+    api_key: Option<&str>,
+) -> TestServer {
     let dir = tiny_checkpoint();
     let router = Router::start(router, nodes).unwrap();
     let config = ServerConfig {
@@ -79,6 +89,7 @@ pub async fn start_nodes(
         port: 0,
         model_dir: dir.path().to_path_buf(),
         served_model_name: Some("tiny".into()),
+        api_key: api_key.map(server::ApiKey::new),
         ..Default::default()
     };
     let server = Server::bind(config, router, None).await.unwrap();

@@ -62,6 +62,11 @@ pub struct ServeArgs {
     /// nodes'.
     #[arg(long, value_delimiter = ',', conflicts_with = "reference")]
     attention_addrs: Vec<String>,
+    /// Bearer token every /v1/* request must carry (`Authorization: Bearer ...`); default: no
+    /// authentication. Prefer the environment variable: a command line is visible to anyone on
+    /// the machine.
+    #[arg(long, env = "VLLM_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     /// Seconds to keep retrying --attention-addrs while they are still starting.
     #[arg(long, default_value_t = 300.0)]
     connect_timeout: f64,
@@ -295,6 +300,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     .to_string()
             })
         }),
+        api_key: args.api_key.clone().map(server::ApiKey::new),
         ..ServerConfig::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
