@@ -188,7 +188,7 @@ fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
         };
         container_port(c, port);
         let a = args(c);
-        let listen = if a[0] == "serve" {
+        let listen = if a[0] == "frontend" {
             flag(&a, "--port")
         } else {
             flag(&a, "--listen").rsplit_once(':').unwrap().1.to_string()
@@ -243,7 +243,7 @@ fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
     // The frontend dials each attention node's Service, which reaches that node's listen port.
     let frontend = find(objects, "Deployment", &format!("{prefix}-frontend"));
     let a = args(container(frontend));
-    assert_eq!(a[0], "serve");
+    assert_eq!(a[0], "frontend");
     let attention_addrs = flag(&a, "--attention-addrs");
     let dialed: Vec<&str> = attention_addrs.split(',').collect();
     assert_eq!(dialed.len(), nodes);

@@ -15,7 +15,7 @@ pub enum Role {
     Card(usize),
     /// Attention node `j` (`afd attention --id j`).
     Attention(usize),
-    /// The HTTP frontend and router (`afd serve --attention-addrs ...`).
+    /// The HTTP frontend and router (`afd frontend --attention-addrs ...`).
     Frontend,
 }
 
@@ -240,7 +240,7 @@ pub fn attention_args(
 /// The variable `afd serve` reads its API key from (vLLM's name).
 pub const API_KEY_ENV: &str = "VLLM_API_KEY";
 
-/// `afd serve` as the frontend alone on `host:port`, over the attention nodes at `attention`.
+/// `afd frontend` (the frontend alone) on `host:port`, over the attention nodes at `attention`.
 pub fn frontend_args(
     d: &Deployment,
     paths: &RolePaths,
@@ -249,7 +249,7 @@ pub fn frontend_args(
     attention: &[String],
 ) -> Vec<String> {
     let mut args: Vec<String> = vec![
-        "serve".into(),
+        "frontend".into(),
         "--model".into(),
         paths.model.clone(),
         "--host".into(),

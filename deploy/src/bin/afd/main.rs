@@ -47,6 +47,9 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Serve the OpenAI-compatible API over continuous batching, attention nodes and cards.
     Serve(serve::ServeArgs),
+    /// The HTTP frontend alone (server and router) over running `afd attention` processes:
+    /// `afd serve` with --attention-addrs required.
+    Frontend(serve::ServeArgs),
     /// Write a random checkpoint in Hugging Face layout.
     Synth(synth::SynthArgs),
     /// Start every process of a deployment file on this machine until Ctrl-C or one dies.
@@ -74,6 +77,7 @@ fn main() -> anyhow::Result<()> {
         Command::K8s(args) => k8s::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Frontend(args) => serve::run_frontend(args),
         Command::Synth(args) => synth::run(args),
         Command::Up(args) => up::run(args),
         Command::Verify(args) => verify::run(args),

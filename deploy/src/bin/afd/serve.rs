@@ -202,6 +202,17 @@ impl ServeArgs {
     }
 }
 
+/// `afd frontend`: the frontend role alone.
+pub fn run_frontend(args: ServeArgs) -> anyhow::Result<()> {
+    if args.attention_addrs.is_empty() {
+        anyhow::bail!(
+            "afd frontend needs --attention-addrs HOST:PORT,... (the running afd attention \
+             processes to step through); to run every role in one process, use afd serve"
+        );
+    }
+    run(args)
+}
+
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let model_dir = args.model.clone().unwrap_or_else(bundled_model);
     if !model_dir.join("config.json").exists() {
