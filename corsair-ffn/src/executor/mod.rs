@@ -91,7 +91,9 @@ pub(crate) struct Executor {
     pub program: Program,
     memory: BoundMemory,
     arena: Arena,
-    pool: std::sync::Arc<rayon::ThreadPool>,
+    /// The executor's threads; `None` with one thread: a call then runs on the caller's thread
+    /// alone, with no idle pool thread spinning between calls on a core others need.
+    pool: Option<std::sync::Arc<rayon::ThreadPool>>,
     kernel: KernelChoice,
     /// Pair-ordered inputs of the current matmul (reused).
     xp: Vec<f32>,
@@ -100,13 +102,17 @@ pub(crate) struct Executor {
 impl Executor {
     pub fn new(program: Program, memory: BoundMemory, options: ExecOptions) -> Result<Self> {
         let mask = options.cpu_mask;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(options.threads)
-            .thread_name(|i| format!("corsair-exec-{i}"))
-            .start_handler(move |i| pin_to_mask(mask, i))
-            .build()
-            .map(std::sync::Arc::new)
-            .map_err(|e| Error::Request(format!("cannot start the executor's threads: {e}")))?;
+        let pool = if options.threads == 1 {
+            None
+        } else {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(options.threads)
+                .thread_name(|i| format!("corsair-exec-{i}"))
+                .start_handler(move |i| pin_to_mask(mask, i))
+                .build()
+                .map_err(|e| Error::Request(format!("cannot start the executor's threads: {e}")))?;
+            Some(std::sync::Arc::new(pool))
+        };
         Ok(Executor {
             arena: Arena::new(&program),
             program,
@@ -129,10 +135,13 @@ impl Executor {
     }
 
     /// Runs the instructions of `span` for one call, on the executor's pool (the whole call,
-    /// so the parallel steps inside it start without waking threads from another pool).
+    /// so the parallel steps inside it start without waking threads from another pool), or on
+    /// this thread when the executor has one thread.
     pub fn run(&mut self, span: Span, call: &Call<'_>) -> Result<Produced> {
-        let pool = self.pool.clone();
-        pool.install(|| self.run_here(span, call))
+        match self.pool.clone() {
+            Some(pool) => pool.install(|| self.run_here(span, call)),
+            None => self.run_here(span, call),
+        }
     }
 
     fn run_here(&mut self, span: Span, call: &Call<'_>) -> Result<Produced> {
@@ -207,15 +216,22 @@ impl Executor {
                     let ([src], [d]) = self.arena.split([src], [d])?;
                     let act = activation.into();
                     let (src, d) = (f32s(src), f32s_mut(d));
-                    self.pool.install(|| {
-                        d.par_chunks_mut(w.max(1))
-                            .zip(src.par_chunks(2 * w.max(1)))
-                            .for_each(|(d, s)| {
-                                for (i, o) in d.iter_mut().enumerate() {
-                                    *o = model::forward::moe::activate(act, s[i], s[w + i]);
-                                }
-                            })
-                    });
+                    let apply = |(d, s): (&mut [f32], &[f32])| {
+                        for (i, o) in d.iter_mut().enumerate() {
+                            *o = model::forward::moe::activate(act, s[i], s[w + i]);
+                        }
+                    };
+                    match &self.pool {
+                        Some(pool) => pool.install(|| {
+                            d.par_chunks_mut(w.max(1))
+                                .zip(src.par_chunks(2 * w.max(1)))
+                                .for_each(apply)
+                        }),
+                        None => d
+                            .chunks_mut(w.max(1))
+                            .zip(src.chunks(2 * w.max(1)))
+                            .for_each(apply),
+                    }
                 }
                 Op::Scale { rows, values, map } => {
                     let r = rows_of(rows, &out);
@@ -378,11 +394,13 @@ impl Executor {
             ));
         }
         let (xp, kernel) = (&self.xp, self.kernel);
-        self.pool.install(|| {
-            jobs.into_par_iter().for_each(|(view, c0, chunk)| {
-                tile_partials(&view, &xp[c0..], kp, r, chunk, kernel)
-            });
-        });
+        let job = |(view, c0, chunk): (TileView<'_>, usize, &mut [f32])| {
+            tile_partials(&view, &xp[c0..], kp, r, chunk, kernel)
+        };
+        match &self.pool {
+            Some(pool) => pool.install(|| jobs.into_par_iter().for_each(job)),
+            None => jobs.into_iter().for_each(job),
+        }
         Ok(())
     }
 
@@ -510,20 +528,19 @@ impl Executor {
         let (n, max, rows) = (call.tokens, self.program.max_tokens, lm.rows.len());
         let lw = self.words(logits, 0, rows * max)?;
         let all = f32s(self.arena.get(lw)?);
-        let proposals: Vec<LmProposal> = self.pool.install(|| {
-            (0..n)
-                .into_par_iter()
-                .map(|t| {
-                    let row: Vec<f32> = (0..rows).map(|v| all[v * max + t]).collect();
-                    propose(
-                        &row,
-                        lm.rows.start as u32,
-                        &call.sampling[t],
-                        &call.candidates,
-                    )
-                })
-                .collect()
-        });
+        let propose_row = |t: usize| {
+            let row: Vec<f32> = (0..rows).map(|v| all[v * max + t]).collect();
+            propose(
+                &row,
+                lm.rows.start as u32,
+                &call.sampling[t],
+                &call.candidates,
+            )
+        };
+        let proposals: Vec<LmProposal> = match &self.pool {
+            Some(pool) => pool.install(|| (0..n).into_par_iter().map(propose_row).collect()),
+            None => (0..n).map(propose_row).collect(),
+        };
         // The proposal buffer (what goes on the wire): per token, the first candidates that fit.
         let per = (self.program.region(dst).bytes as usize / 4) / max;
         let ow = self.words(dst, 0, n * per)?;
