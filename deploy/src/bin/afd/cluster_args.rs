@@ -55,9 +55,6 @@ pub struct NodeArgs {
     /// Seconds to wait for a card's reply before failing the step.
     #[arg(long, default_value_t = 30.0)]
     pub reply_timeout: f64,
-    /// Write a Chrome trace of the attention node's per-layer spans to this file.
-    #[arg(long)]
-    pub trace: Option<PathBuf>,
 }
 
 impl ClusterArgs {
@@ -82,11 +79,6 @@ impl ClusterArgs {
             self.cards.saturating_mul(per_card),
         )
     }
-
-    /// The trace file, if any.
-    pub fn trace(&self) -> Option<&PathBuf> {
-        self.node.trace.as_ref()
-    }
 }
 
 impl NodeArgs {
@@ -103,7 +95,6 @@ impl NodeArgs {
             block_size: self.block_size,
             memory_bytes: self.kv_cache_memory << 20,
         };
-        c.node.trace = self.trace.is_some();
         c
     }
 }

@@ -54,6 +54,10 @@ pub struct GenerateArgs {
     /// Keep generating after an end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
+    /// Write a Chrome trace of the attention node's per-layer spans to this file (with
+    /// --cards; open it in chrome://tracing or ui.perfetto.dev).
+    #[arg(long, conflicts_with = "reference")]
+    trace: Option<PathBuf>,
     #[command(flatten)]
     cluster: ClusterArgs,
 }
@@ -136,7 +140,9 @@ fn first(mut generations: Vec<Generation>) -> anyhow::Result<Generation> {
 }
 
 fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Result<Generation> {
-    let config = args.cluster.config(args.model.clone());
+    let mut config = args.cluster.config(args.model.clone());
+    // Spans are kept only when they will be written: a node records them until taken.
+    config.node.trace = args.trace.is_some();
     let mut cluster = EmbeddedCluster::start(&config, &mut |_| {}).with_context(|| {
         format!(
             "starting {} cards for {}",
@@ -150,7 +156,7 @@ fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Re
         .context("the cluster started no attention node")?;
     let result = gpu_attention::driver::generate(&mut node, std::slice::from_ref(request), 0)
         .context("generating through the cards")?;
-    if let Some(path) = args.cluster.trace() {
+    if let Some(path) = &args.trace {
         let json = chrome_trace(&node.take_trace());
         std::fs::write(path, serde_json::to_string(&json)?)
             .with_context(|| format!("writing the trace to {}", path.display()))?;
