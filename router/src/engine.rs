@@ -113,8 +113,14 @@ impl Engine {
         }
     }
 
-    /// Runs until shutdown or until every command sender is gone.
-    pub(crate) fn run(mut self) {
+    /// Runs until shutdown or until every command sender is gone, on a compute pool of this
+    /// thread's own (see [`gpu_attention::compute::on_own_pool`]).
+    pub(crate) fn run(self) {
+        let name = format!("afd-compute-{}", self.index);
+        gpu_attention::compute::on_own_pool(&name, || self.run_loop());
+    }
+
+    fn run_loop(mut self) {
         let _span = tracing::info_span!("engine", node = self.index).entered();
         loop {
             if !self.scheduler.has_work() {

@@ -111,14 +111,17 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         },
         stop_token_ids,
     };
-    let generation = if args.reference {
-        let weights = ModelWeights::load(&args.model)
-            .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;
-        let mut model = ReferenceModel::new(weights)?;
-        first(generate(&mut model, std::slice::from_ref(&request), 0)?)?
-    } else {
-        disaggregated(&args, &request)?
-    };
+    // This thread steps the model: make it a worker of the compute pool, as a server's engine is.
+    let generation = gpu_attention::compute::on_own_pool("afd-compute", || {
+        if args.reference {
+            let weights = ModelWeights::load(&args.model)
+                .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;
+            let mut model = ReferenceModel::new(weights)?;
+            first(generate(&mut model, std::slice::from_ref(&request), 0)?)
+        } else {
+            disaggregated(&args, &request)
+        }
+    })?;
     let text = match &tokenizer {
         Ok(t) => Some(t.decode(&generation.output_ids, false)?),
         Err(_) => None,
