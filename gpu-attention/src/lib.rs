@@ -3,7 +3,8 @@
 //! Owns the layers up to the MoE input (norms, attention, the paged KV cache), top-k routing,
 //! per-layer dispatch to the cards and combination of their partial sums over JetStream,
 //! micro-batch overlap, the LM-head proposal merge and sampling, and the step API
-//! ([`step::AttentionNode`]) the router drives.
+//! ([`step::AttentionNode`]) the router drives; [`compute::on_own_pool`] puts the thread that
+//! steps a node at the head of its own compute pool.
 //!
 //! Must not: depend on `corsair-ffn`; it knows the cards only through `proto` and `jetstream`.
 

@@ -2,7 +2,8 @@
 //! a batch of sequences of different lengths.
 //!
 //! Its parts are public so that the attention node and the cards compute the same math:
-//! [`attention::AttentionBlock`] (norms, projections, RoPE, cache, sinks, window),
+//! [`attention::AttentionBlock`] (norms, projections, RoPE, cache, sinks, window) over any
+//! [`kv_cache::KvCache`], with decode rows attended in place by [`attend`];
 //! [`moe::route`] and [`moe::gated_mlp`] (routing and expert math), [`LmHead`].
 
 pub mod attend;
