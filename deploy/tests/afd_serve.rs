@@ -3,38 +3,15 @@
 //! works, and the cards' figures reach `/metrics`.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const AFD: &str = env!("CARGO_BIN_EXE_afd");
+mod common;
 
-/// Kills its process when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures")
-        .join(name)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{AFD, Proc, fixture, free_port, generate_alone};
 
 /// A minimal HTTP/1.1 exchange (`Connection: close`): status and body.
 fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
@@ -52,31 +29,6 @@ fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> Option<(u1
     let (head, body) = raw.split_once("\r\n\r\n")?;
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
     Some((status, body.to_string()))
-}
-
-fn generate_alone(model: &Path, prompt: &[u32], max_tokens: usize) -> Vec<u64> {
-    let ids: Vec<String> = prompt.iter().map(u32::to_string).collect();
-    let out = Command::new(AFD)
-        .arg("generate")
-        .arg("--model")
-        .arg(model)
-        .args(["--cards", "2", "--ignore-eos", "--max-tokens"])
-        .arg(max_tokens.to_string())
-        .args(["--prompt-ids", &ids.join(",")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "afd generate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["output_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
 }
 
 #[test]
@@ -130,7 +82,11 @@ fn afd_serve_matches_afd_generate_under_concurrency() {
             .iter()
             .map(|t| t.as_u64().unwrap())
             .collect();
-        assert_eq!(got, generate_alone(&model, p, max_tokens), "prompt {p:?}");
+        assert_eq!(
+            got,
+            generate_alone(&model, p, 2, max_tokens),
+            "prompt {p:?}"
+        );
     }
 
     let chat =

@@ -5,18 +5,16 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const AFD: &str = env!("CARGO_BIN_EXE_afd");
+mod common;
 
-fn tiny() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deployments/tiny.toml")
-}
+use common::{AFD, generate_alone, tiny};
 
 /// Whether process `pid` still exists (and is not a zombie waiting to be reaped).
 fn alive(pid: u32) -> bool {
@@ -170,29 +168,6 @@ fn listen_address(up: &Up, name: &str) -> String {
     words[i + 1].to_string()
 }
 
-fn generate_alone(model: &str, prompt: &[u64], cards: usize, max_tokens: usize) -> Vec<u64> {
-    let ids: Vec<String> = prompt.iter().map(u64::to_string).collect();
-    let out = Command::new(AFD)
-        .args(["generate", "--model", model, "--ignore-eos"])
-        .args(["--cards", &cards.to_string()])
-        .args(["--max-tokens", &max_tokens.to_string()])
-        .args(["--prompt-ids", &ids.join(",")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "afd generate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["output_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
-}
-
 /// The standard gRPC health check (grpc.health.v1), as Kubernetes' grpc probe sends it.
 fn grpc_health_serving(address: &str) -> bool {
     use tonic_health::pb::HealthCheckRequest;
@@ -253,7 +228,7 @@ fn afd_up_serves_a_completion_and_stops_every_process() {
     let model = deployment.checkpoint().unwrap();
     assert_eq!(
         got,
-        generate_alone(model.to_str().unwrap(), &prompt, deployment.cards.count, 8)
+        generate_alone(&model, &prompt, deployment.cards.count, 8)
     );
     assert!(grpc_health_serving(&listen_address(&up, "card-0")));
     assert!(grpc_health_serving(&listen_address(&up, "attention-0")));

@@ -5,18 +5,16 @@
 //! expose, and every volume names the ConfigMap and Secret that are rendered.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use deploy::deployment::Deployment;
 use serde::Deserialize;
 use serde_json::Value;
 
-const AFD: &str = env!("CARGO_BIN_EXE_afd");
+mod common;
 
-fn tiny() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deployments/tiny.toml")
-}
+use common::{AFD, tiny};
 
 fn afd_k8s(args: &[&str]) -> String {
     let out = Command::new(AFD).arg("k8s").args(args).output().unwrap();

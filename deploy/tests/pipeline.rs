@@ -8,6 +8,10 @@ use gpu_attention::driver;
 use model::generate::GenerationRequest;
 use model::sampling::SamplingParams;
 
+mod common;
+
+use common::expected;
+
 fn fixtures() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
@@ -17,25 +21,6 @@ fn fixtures() -> Vec<PathBuf> {
         .collect();
     dirs.sort();
     dirs
-}
-
-/// The fixture's prompts and transformers' greedy continuations.
-fn expected(dir: &Path) -> Vec<(Vec<u32>, Vec<u32>)> {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    let ids = |x: &serde_json::Value| -> Vec<u32> {
-        x.as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect()
-    };
-    v["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| (ids(&p["ids"]), ids(&p["output_ids"])))
-        .collect()
 }
 
 fn cluster(dir: &Path, cards: usize, transport: TransportKind) -> EmbeddedCluster {

@@ -2,9 +2,8 @@
 //! a router-side `RemoteNode` driving it; a card killed mid-generation gives a clear error, and
 //! a card started with the wrong model or shard is refused at load.
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_attention::driver;
@@ -12,31 +11,9 @@ use gpu_attention::remote::RemoteNode;
 use model::generate::GenerationRequest;
 use model::sampling::SamplingParams;
 
-const AFD: &str = env!("CARGO_BIN_EXE_afd");
+mod common;
 
-/// Kills its process when dropped, so no test leaves one behind.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures")
-        .join(name)
-}
+use common::{AFD, Proc, expected, fixture, free_port};
 
 fn certs(dir: &Path, cards: usize) {
     let mut nodes = vec!["attn-0".to_owned()];
@@ -119,24 +96,6 @@ fn connect(port: u16, runtime: &tokio::runtime::Runtime) -> RemoteNode {
             }
         }
     }
-}
-
-fn expected(dir: &Path) -> Vec<(Vec<u32>, Vec<u32>)> {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    let ids = |x: &serde_json::Value| -> Vec<u32> {
-        x.as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect()
-    };
-    v["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| (ids(&p["ids"]), ids(&p["output_ids"])))
-        .collect()
 }
 
 fn requests(cases: &[(Vec<u32>, Vec<u32>)]) -> Vec<GenerationRequest> {

@@ -1,0 +1,92 @@
+//! What several of `deploy`'s integration tests share: the `afd` binary, a process guard,
+//! free ports, the committed fixtures, and `afd generate` as the reference for served tokens.
+//! Each test crate uses a part of it.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+/// The `afd` binary under test.
+pub const AFD: &str = env!("CARGO_BIN_EXE_afd");
+
+/// Kills its process when dropped, so no test leaves one behind.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback port free right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A committed fixture checkpoint.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures")
+        .join(name)
+}
+
+/// The tiny deployment file.
+pub fn tiny() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deployments/tiny.toml")
+}
+
+/// A fixture's prompts and transformers' greedy continuations.
+pub fn expected(dir: &Path) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let ids = |x: &serde_json::Value| -> Vec<u32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    v["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (ids(&p["ids"]), ids(&p["output_ids"])))
+        .collect()
+}
+
+/// The tokens `afd generate` gives `prompt` alone on `cards` cards (greedy, `ignore_eos`).
+pub fn generate_alone(
+    model: &Path,
+    prompt: &[impl ToString],
+    cards: usize,
+    max_tokens: usize,
+) -> Vec<u64> {
+    let ids: Vec<String> = prompt.iter().map(ToString::to_string).collect();
+    let out = Command::new(AFD)
+        .arg("generate")
+        .arg("--model")
+        .arg(model)
+        .args(["--ignore-eos", "--cards", &cards.to_string()])
+        .args(["--max-tokens", &max_tokens.to_string()])
+        .args(["--prompt-ids", &ids.join(",")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "afd generate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
