@@ -9,6 +9,7 @@ use std::error::Error as StdError;
 use std::path::Path;
 
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::error::Error;
@@ -409,14 +410,7 @@ fn draw_sweep(sweep: &SweepResult, kind: SweepPlot, path: &Path) -> DrawResult {
         .x_label_area_size(52)
         .y_label_area_size(72)
         .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..y_hi.max(1e-3))?;
-    let label_of = |x: &f64| {
-        let i = x.round();
-        if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
-            labels[i as usize].clone()
-        } else {
-            String::new()
-        }
-    };
+    let label_of = |x: &f64| category_label(&labels, *x);
     chart
         .configure_mesh()
         .x_labels(2 * n + 1)
@@ -427,12 +421,36 @@ fn draw_sweep(sweep: &SweepResult, kind: SweepPlot, path: &Path) -> DrawResult {
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 16))
         .draw()?;
-    for (name, color, values) in series {
+    let lines = series.into_iter().map(|(name, color, values)| {
         let points: Vec<(f64, f64)> = values
             .iter()
             .enumerate()
             .map(|(i, &v)| (i as f64, v))
             .collect();
+        (name.to_string(), color, points)
+    });
+    draw_lines(&mut chart, lines)?;
+    root.present()?;
+    Ok(())
+}
+
+/// The label of category axis position `x` (categories sit at 0, 1, 2, ...); empty between them.
+pub(crate) fn category_label(labels: &[String], x: f64) -> String {
+    let i = x.round();
+    if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+        labels[i as usize].clone()
+    } else {
+        String::new()
+    }
+}
+
+/// Draws each series as a line with a dot per point and a legend entry, then the legend box in
+/// the upper left.
+pub(crate) fn draw_lines<'a>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    series: impl IntoIterator<Item = (String, RGBColor, Vec<(f64, f64)>)>,
+) -> DrawResult {
+    for (name, color, points) in series {
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
             .label(name)
@@ -452,7 +470,6 @@ fn draw_sweep(sweep: &SweepResult, kind: SweepPlot, path: &Path) -> DrawResult {
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
-    root.present()?;
     Ok(())
 }
 

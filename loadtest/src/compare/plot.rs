@@ -8,6 +8,7 @@ use plotters::prelude::*;
 
 use super::{Comparison, Metric};
 use crate::error::Error;
+use crate::plot::{category_label, draw_lines};
 
 const FONT: &str = "sans-serif";
 
@@ -114,14 +115,7 @@ fn draw_inner(
         .y_label_area_size(72)
         .build_cartesian_2d(-0.4..(n as f64 - 0.6), 0.0..y_hi)?;
     let labels: Vec<String> = c.concurrencies.iter().map(|n| n.to_string()).collect();
-    let label_of = |x: &f64| {
-        let i = x.round();
-        if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
-            labels[i as usize].clone()
-        } else {
-            String::new()
-        }
-    };
+    let label_of = |x: &f64| category_label(&labels, *x);
     let y_label = |y: &f64| {
         if y_hi >= 20.0 {
             format!("{y:.0}")
@@ -141,32 +135,15 @@ fn draw_inner(
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 15))
         .draw()?;
-    for (i, (name, points)) in series.into_iter().enumerate() {
-        let color = PALETTE[i % PALETTE.len()];
+    let lines = series.into_iter().enumerate().map(|(i, (name, points))| {
         let label = if name == c.baseline {
             format!("{name} (baseline)")
         } else {
             name
         };
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart.draw_series(
-            points
-                .into_iter()
-                .map(move |p| Circle::new(p, 4, color.filled())),
-        )?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
+        (label, PALETTE[i % PALETTE.len()], points)
+    });
+    draw_lines(&mut chart, lines)?;
     root.present()?;
     Ok(())
 }
