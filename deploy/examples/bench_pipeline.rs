@@ -211,7 +211,7 @@ fn main() {
         return;
     }
     // SAFETY: first thing in main, before any thread is started.
-    unsafe { deploy::process::pin_thread_count() };
+    unsafe { deploy::process::set_compute_threads(0) };
     let weights = ModelWeights::load(&model).expect("load the checkpoint");
     let capacity = KvCacheConfig {
         block_size: 16,

@@ -37,15 +37,6 @@ pub unsafe fn set_compute_threads(threads: usize) {
     }
 }
 
-/// [`set_compute_threads`] with every core.
-///
-/// # Safety
-/// As for [`set_compute_threads`].
-pub unsafe fn pin_thread_count() {
-    // SAFETY: forwarded from the caller.
-    unsafe { set_compute_threads(0) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
