@@ -214,18 +214,11 @@ mod tests {
     use super::*;
     use crate::forward::attention::attention_core;
 
-    /// A deterministic pseudo-random vector.
+    /// A deterministic pseudo-random vector in [-1, 1).
     fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
+        crate::kernels::tests::values(seed, n)
+            .into_iter()
+            .map(|x| x * 2.0)
             .collect()
     }
 

@@ -129,4 +129,4 @@ pub fn matmul(x: &[f32], tokens: usize, w: &WeightMatrix, bias: Option<&[f32]>, 
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -17,7 +17,8 @@ fn naive(x: &[f32], tokens: usize, w: &[f32], rows: usize, cols: usize) -> Vec<f
     out
 }
 
-fn values(seed: u64, n: usize) -> Vec<f32> {
+/// A deterministic pseudo-random vector in [-0.5, 0.5) (also used by other modules' tests).
+pub(crate) fn values(seed: u64, n: usize) -> Vec<f32> {
     let mut s = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
