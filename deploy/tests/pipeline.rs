@@ -10,7 +10,7 @@ use model::sampling::SamplingParams;
 
 mod common;
 
-use common::expected;
+use common::{expected, greedy_requests};
 
 fn fixtures() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
@@ -34,15 +34,7 @@ fn cluster(dir: &Path, cards: usize, transport: TransportKind) -> EmbeddedCluste
 fn greedy_tokens_match_transformers_for_every_fixture_card_count_and_transport() {
     for dir in fixtures() {
         let cases = expected(&dir);
-        let requests: Vec<GenerationRequest> = cases
-            .iter()
-            .map(|(p, out)| GenerationRequest {
-                prompt: p.clone(),
-                max_tokens: out.len(),
-                sampling: SamplingParams::greedy(),
-                stop_token_ids: vec![],
-            })
-            .collect();
+        let requests = greedy_requests(&cases);
         for transport in [TransportKind::Inproc, TransportKind::Quic] {
             for cards in 1..=4 {
                 let mut c = cluster(&dir, cards, transport);

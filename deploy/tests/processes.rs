@@ -8,12 +8,10 @@ use std::time::{Duration, Instant};
 
 use gpu_attention::driver;
 use gpu_attention::remote::RemoteNode;
-use model::generate::GenerationRequest;
-use model::sampling::SamplingParams;
 
 mod common;
 
-use common::{AFD, Proc, expected, fixture, free_port};
+use common::{AFD, Proc, expected, fixture, free_port, greedy_requests};
 
 fn certs(dir: &Path, cards: usize) {
     let mut nodes = vec!["attn-0".to_owned()];
@@ -98,18 +96,6 @@ fn connect(port: u16, runtime: &tokio::runtime::Runtime) -> RemoteNode {
     }
 }
 
-fn requests(cases: &[(Vec<u32>, Vec<u32>)]) -> Vec<GenerationRequest> {
-    cases
-        .iter()
-        .map(|(p, out)| GenerationRequest {
-            prompt: p.clone(),
-            max_tokens: out.len(),
-            sampling: SamplingParams::greedy(),
-            stop_token_ids: vec![],
-        })
-        .collect()
-}
-
 #[test]
 fn card_and_attention_processes_generate_and_a_dead_card_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -137,14 +123,14 @@ fn card_and_attention_processes_generate_and_a_dead_card_is_a_clear_error() {
         .unwrap();
     let mut node = connect(attn_port, &runtime);
     let cases = expected(&model);
-    let got = driver::generate(&mut node, &requests(&cases), 0).unwrap();
+    let got = driver::generate(&mut node, &greedy_requests(&cases), 0).unwrap();
     for (i, (g, (_, want))) in got.iter().zip(&cases).enumerate() {
         assert_eq!(&g.output_ids, want, "prompt {i}");
     }
     // Kill card 1 and generate again: a clear error within the reply timeout, not a hang.
     let started = Instant::now();
     drop(cards.remove(1));
-    let err = driver::generate(&mut node, &requests(&cases[..1]), 100)
+    let err = driver::generate(&mut node, &greedy_requests(&cases[..1]), 100)
         .unwrap_err()
         .to_string();
     assert!(err.contains("card"), "{err}");

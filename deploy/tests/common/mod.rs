@@ -60,6 +60,19 @@ pub fn expected(dir: &Path) -> Vec<(Vec<u32>, Vec<u32>)> {
         .collect()
 }
 
+/// Greedy requests for a fixture's cases, each as long as transformers' continuation.
+pub fn greedy_requests(cases: &[(Vec<u32>, Vec<u32>)]) -> Vec<model::generate::GenerationRequest> {
+    cases
+        .iter()
+        .map(|(p, out)| model::generate::GenerationRequest {
+            prompt: p.clone(),
+            max_tokens: out.len(),
+            sampling: model::sampling::SamplingParams::greedy(),
+            stop_token_ids: vec![],
+        })
+        .collect()
+}
+
 /// The tokens `afd generate` gives `prompt` alone on `cards` cards (greedy, `ignore_eos`).
 pub fn generate_alone(
     model: &Path,
