@@ -3,8 +3,14 @@
 //! Decode is one query per sequence: as tensor operations that is a dozen tiny kernels per
 //! sequence and layer, and their fixed costs dominate the step at batch 32 or 64. Here the
 //! same math (scaled dot products, optional sink logit, softmax, weighted values) runs as
-//! plain loops over rows the cache already holds, in the order the tensor path uses, with no
-//! copy of the history. Long prompt chunks still go through the matmul path.
+//! plain loops over rows the cache already holds, with no copy of the history. Long prompt
+//! chunks still go through the matmul path.
+//!
+//! Two builds give the same bits: a portable one and, on x86-64 with AVX2, one in intrinsics
+//! (head sizes a multiple of 8). Both add a dot product's products in 8 lanes, in order, then
+//! reduce the lanes by the tree `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`, which is what
+//! horizontal adds of eight keys at once produce; weighted values accumulate per element in
+//! key order, which vector lanes do unchanged. Neither uses fused multiply-adds.
 
 use super::kv_cache::KvRun;
 use crate::config::AttentionKind;
@@ -26,6 +32,9 @@ pub struct RowAttention<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
+/// A position's key and value rows (every KV head).
+type KvRow<'r> = (&'r [f32], &'r [f32]);
+
 impl RowAttention<'_> {
     /// Attention output `[t, heads * head_dim]` into `out` for queries `q` (`[t, heads *
     /// head_dim]`) at positions `past..past + t`. `runs` hold the keys and values of positions
@@ -40,18 +49,15 @@ impl RowAttention<'_> {
         out: &mut [f32],
     ) {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
+        if self.head_dim.is_multiple_of(8) && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 and the head size is a multiple of 8, checked above.
             return unsafe { self.attend_avx2(q, past, first_key, runs, scores, out) };
         }
-        self.attend_rows(q, past, first_key, runs, scores, out);
+        self.attend_rows::<false>(q, past, first_key, runs, scores, out);
     }
 
-    /// [`Self::attend_rows`] compiled for AVX2: the same operations in the same order (no
-    /// fused multiply-adds), eight lanes wide, so results equal the portable build's.
-    ///
     /// # Safety
-    /// The CPU must support AVX2.
+    /// The CPU must support AVX2 and `head_dim` must be a multiple of 8.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn attend_avx2(
@@ -63,11 +69,13 @@ impl RowAttention<'_> {
         scores: &mut Vec<f32>,
         out: &mut [f32],
     ) {
-        self.attend_rows(q, past, first_key, runs, scores, out);
+        self.attend_rows::<true>(q, past, first_key, runs, scores, out);
     }
 
+    /// The kernel; `SIMD` selects the AVX2 dot products and weighted sums (the caller has
+    /// checked the CPU and the head size).
     #[inline(always)]
-    fn attend_rows(
+    fn attend_rows<const SIMD: bool>(
         &self,
         q: &[f32],
         past: usize,
@@ -79,6 +87,7 @@ impl RowAttention<'_> {
         let (d, kv_w) = (self.head_dim, self.kv_heads * self.head_dim);
         let group = (self.heads / self.kv_heads.max(1)).max(1);
         let q_w = self.heads * d;
+        let mut positions: Vec<KvRow<'_>> = Vec::new();
         for (i, (qi, oi)) in q
             .chunks_exact(q_w)
             .zip(out.chunks_exact_mut(q_w))
@@ -90,73 +99,70 @@ impl RowAttention<'_> {
                 AttentionKind::Sliding { window } => (pos + 1).saturating_sub(window),
             }
             .max(first_key);
-            let positions: Vec<(&[f32], &[f32])> =
-                rows(runs, first_key, lo, pos + 1, kv_w).collect();
-            let n = positions.len();
+            positions.clear();
+            positions.extend(rows(runs, first_key, lo, pos + 1, kv_w));
             scores.clear();
-            scores.resize(n, 0.0);
+            scores.resize(positions.len(), 0.0);
             for h in 0..self.heads {
-                let g = h / group;
-                let (qh, kv) = (&qi[h * d..(h + 1) * d], g * d..(g + 1) * d);
-                for (s, (k, _)) in scores.iter_mut().zip(&positions) {
-                    *s = dot(qh, &k[kv.clone()]) * self.scale;
-                }
-                let sink = self.sinks.map(|s| s[h]);
-                let max = scores
-                    .iter()
-                    .copied()
-                    .chain(sink)
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let mut denom = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    denom += *s;
-                }
-                if let Some(s) = sink {
-                    denom += (s - max).exp();
-                }
-                for s in scores.iter_mut() {
-                    *s /= denom;
-                }
-                let oh = &mut oi[h * d..(h + 1) * d];
-                match d {
-                    32 => weighted_sum::<4>(scores, &positions, kv.start, oh),
-                    64 => weighted_sum::<8>(scores, &positions, kv.start, oh),
-                    128 => weighted_sum::<16>(scores, &positions, kv.start, oh),
-                    _ => {
-                        oh.fill(0.0);
-                        for (&p, (_, v)) in scores.iter().zip(&positions) {
-                            for (o, &x) in oh.iter_mut().zip(&v[kv.clone()]) {
-                                *o += p * x;
-                            }
-                        }
+                let off = (h / group) * d;
+                let qh = &qi[h * d..(h + 1) * d];
+                if SIMD {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: SIMD is only set by `attend_avx2`, whose caller checked AVX2 and
+                    // that `d` is a multiple of 8.
+                    unsafe {
+                        avx2::scaled_dots(qh, &positions, off, self.scale, scores)
+                    };
+                } else {
+                    for (s, (k, _)) in scores.iter_mut().zip(&positions) {
+                        *s = dot(qh, &k[off..off + d]) * self.scale;
                     }
+                }
+                softmax(scores, self.sinks.map(|s| s[h]));
+                let oh = &mut oi[h * d..(h + 1) * d];
+                if SIMD {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    unsafe {
+                        avx2::weighted_sum(scores, &positions, off, oh)
+                    };
+                } else {
+                    weighted_sum(scores, &positions, off, oh);
                 }
             }
         }
     }
 }
 
-/// `out = sum_j p[j] * v_j[off..off + 8 * C]`, summed over `j` in order (as the generic loop
-/// does), with the `8 * C` sums held in registers instead of memory.
+/// Softmax of `scores` in place, with an optional extra logit in the denominator only.
 #[inline(always)]
-fn weighted_sum<const C: usize>(
-    p: &[f32],
-    positions: &[(&[f32], &[f32])],
-    off: usize,
-    out: &mut [f32],
-) {
-    let mut acc = [[0f32; 8]; C];
-    for (&pj, (_, v)) in p.iter().zip(positions) {
-        let v = &v[off..off + 8 * C];
-        for (c, a) in acc.iter_mut().enumerate() {
-            for (l, x) in a.iter_mut().enumerate() {
-                *x += pj * v[c * 8 + l];
-            }
-        }
+fn softmax(scores: &mut [f32], sink: Option<f32>) {
+    let max = scores
+        .iter()
+        .copied()
+        .chain(sink)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut denom = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        denom += *s;
     }
-    for (o, x) in out.iter_mut().zip(acc.iter().flatten()) {
-        *o = *x;
+    if let Some(s) = sink {
+        denom += (s - max).exp();
+    }
+    for s in scores.iter_mut() {
+        *s /= denom;
+    }
+}
+
+/// `out = sum_j p[j] * v_j[off..off + out.len()]`, summed over `j` in order per element.
+#[inline(always)]
+fn weighted_sum(p: &[f32], positions: &[KvRow<'_>], off: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    for (&pj, (_, v)) in p.iter().zip(positions) {
+        for (o, &x) in out.iter_mut().zip(&v[off..]) {
+            *o += pj * x;
+        }
     }
 }
 
@@ -168,7 +174,7 @@ fn rows<'r>(
     from: usize,
     to: usize,
     row: usize,
-) -> impl Iterator<Item = (&'r [f32], &'r [f32])> {
+) -> impl Iterator<Item = KvRow<'r>> {
     let row = row.max(1);
     let mut at = base;
     runs.iter()
@@ -188,10 +194,11 @@ fn rows<'r>(
         })
 }
 
-/// Dot product in eight independent lanes (so the compiler vectorizes it).
+/// Dot product in eight lanes reduced by the tree the AVX2 build uses; a tail shorter than
+/// eight (head sizes the AVX2 build does not take) is added last.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
+    let mut l = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca
         .remainder()
@@ -200,11 +207,119 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| x * y)
         .sum();
     for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
+        for i in 0..8 {
+            l[i] += x[i] * y[i];
         }
     }
-    lanes.iter().sum::<f32>() + tail
+    (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) + tail
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::KvRow;
+
+    /// Keys per block of dot products: one register of scores.
+    const KEYS: usize = 8;
+    /// 8-float chunks of a head held in registers by the weighted sum.
+    const CHUNKS: usize = 4;
+
+    /// `scores[j] = dot(q, k_j[off..off + q.len()]) * scale`, eight keys at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `q.len()` must be a multiple of 8, and every key row must hold
+    /// `off + q.len()` floats.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn scaled_dots(
+        q: &[f32],
+        positions: &[KvRow<'_>],
+        off: usize,
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let d = q.len();
+        let scale = _mm256_set1_ps(scale);
+        for (block, out) in positions.chunks(KEYS).zip(scores.chunks_mut(KEYS)) {
+            // A short last block repeats its first key; its extra scores are dropped.
+            let keys: [*const f32; KEYS] = std::array::from_fn(|j| {
+                let (k, _) = block[if j < block.len() { j } else { 0 }];
+                k[off..off + d].as_ptr()
+            });
+            let mut acc = [_mm256_setzero_ps(); KEYS];
+            for c in (0..d).step_by(8) {
+                // SAFETY: `c + 8 <= d` and every key row holds `off + d` floats.
+                unsafe {
+                    let qc = _mm256_loadu_ps(q.as_ptr().add(c));
+                    for (a, k) in acc.iter_mut().zip(keys) {
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, _mm256_loadu_ps(k.add(c))));
+                    }
+                }
+            }
+            // Lane sums of eight keys at once: ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)).
+            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
+            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
+            let h45 = _mm256_hadd_ps(acc[4], acc[5]);
+            let h67 = _mm256_hadd_ps(acc[6], acc[7]);
+            let h0123 = _mm256_hadd_ps(h01, h23);
+            let h4567 = _mm256_hadd_ps(h45, h67);
+            let low = _mm256_permute2f128_ps::<0x20>(h0123, h4567);
+            let high = _mm256_permute2f128_ps::<0x31>(h0123, h4567);
+            let s = _mm256_mul_ps(_mm256_add_ps(low, high), scale);
+            let mut lanes = [0f32; KEYS];
+            // SAFETY: `lanes` holds 8 floats.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
+            out.copy_from_slice(&lanes[..out.len()]);
+        }
+    }
+
+    /// [`super::weighted_sum`], 32 output floats (then 8) held in registers at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `out.len()` must be a multiple of 8, and every value row must
+    /// hold `off + out.len()` floats.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn weighted_sum(
+        p: &[f32],
+        positions: &[KvRow<'_>],
+        off: usize,
+        out: &mut [f32],
+    ) {
+        let mut at = 0;
+        while out.len() - at >= 8 * CHUNKS {
+            weighted_block::<CHUNKS>(p, positions, off + at, &mut out[at..at + 8 * CHUNKS]);
+            at += 8 * CHUNKS;
+        }
+        while at < out.len() {
+            weighted_block::<1>(p, positions, off + at, &mut out[at..at + 8]);
+            at += 8;
+        }
+    }
+
+    /// `out` (`8 * C` floats) `= sum_j p[j] * v_j[off..off + 8 * C]`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn weighted_block<const C: usize>(
+        p: &[f32],
+        positions: &[KvRow<'_>],
+        off: usize,
+        out: &mut [f32],
+    ) {
+        let mut acc = [_mm256_setzero_ps(); C];
+        for (&pj, (_, v)) in p.iter().zip(positions) {
+            let w = _mm256_set1_ps(pj);
+            let v = &v[off..off + 8 * C];
+            for (c, a) in acc.iter_mut().enumerate() {
+                // SAFETY: chunk `c` lies inside the `8 * C` floats sliced above.
+                let x = unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * c)) };
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(w, x));
+            }
+        }
+        for (c, a) in acc.iter().enumerate() {
+            // SAFETY: `out` holds `8 * C` floats.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), *a) };
+        }
+    }
 }
 
 #[cfg(test)]
@@ -220,6 +335,41 @@ mod tests {
             .into_iter()
             .map(|x| x * 2.0)
             .collect()
+    }
+
+    /// The dispatched kernel (AVX2 where the CPU has it) gives the portable build's bits, for
+    /// head sizes the AVX2 build takes and histories that are not a multiple of its 8 keys.
+    #[test]
+    fn the_simd_build_gives_the_portable_bits() {
+        for d in [8, 16, 32, 64, 128] {
+            for keys in [2, 7, 8, 13, 40] {
+                let (heads, kv_heads, t) = (4, 2, 2);
+                let kv_w = kv_heads * d;
+                let keys_v = values(keys * kv_w, 5);
+                let vals = values(keys * kv_w, 6);
+                let q = values(t * heads * d, 7);
+                let sinks = values(heads, 8);
+                let runs = [KvRun {
+                    keys: &keys_v,
+                    values: &vals,
+                }];
+                let rows = RowAttention {
+                    heads,
+                    kv_heads,
+                    head_dim: d,
+                    scale: (d as f32).powf(-0.5),
+                    kind: AttentionKind::Full,
+                    sinks: Some(&sinks),
+                };
+                let past = keys - t;
+                let mut fast = vec![0f32; t * heads * d];
+                let mut portable = fast.clone();
+                rows.attend(&q, past, 0, &runs, &mut Vec::new(), &mut fast);
+                rows.attend_rows::<false>(&q, past, 0, &runs, &mut Vec::new(), &mut portable);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&portable), "d={d} keys={keys}");
+            }
+        }
     }
 
     /// The row kernel equals the tensor path for every kind and head size, with and without sinks, for
