@@ -218,6 +218,18 @@ impl Card {
     /// one proposal per token out (see [`crate::lm_head`] for what the attention node can merge
     /// exactly).
     pub fn lm_head(&mut self, x: &[f32], rows: &[RowSampling]) -> Result<Vec<LmProposal>> {
+        self.lm_head_candidates(x, rows, self.options.candidates.candidates)
+    }
+
+    /// [`Self::lm_head`] with at most `candidates` per proposal (fewer than the compiled
+    /// default when the rows need fewer, e.g. one for greedy rows without logprobs; rows with
+    /// filters still widen their lists as [`crate::lm_head::propose`] says).
+    pub fn lm_head_candidates(
+        &mut self,
+        x: &[f32],
+        rows: &[RowSampling],
+        candidates: usize,
+    ) -> Result<Vec<LmProposal>> {
         let n = self.tokens(x)?;
         if rows.len() != n {
             return Err(Error::Request(format!(
@@ -238,7 +250,10 @@ impl Card {
             x,
             slots: None,
             sampling: rows,
-            candidates: self.options.candidates,
+            candidates: CandidateOptions {
+                candidates: candidates.min(self.options.candidates.candidates),
+                ..self.options.candidates
+            },
         };
         let produced = if n == 0 {
             Produced::default()

@@ -118,13 +118,27 @@ pub fn propose(
             .total_cmp(&logits[*a as usize])
             .then(a.cmp(b))
     };
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    if want < idx.len() && want > 0 {
-        idx.select_nth_unstable_by(want - 1, order);
+    let idx: Vec<u32> = if want == 1 {
+        // The usual greedy row: one scan, no index list (first of equal logits wins).
+        let best =
+            logits
+                .iter()
+                .enumerate()
+                .fold(None::<(usize, f32)>, |best, (i, &l)| match best {
+                    Some((_, b)) if l.total_cmp(&b).is_le() => best,
+                    _ => Some((i, l)),
+                });
+        best.map(|(i, _)| i as u32).into_iter().collect()
+    } else {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        if want < idx.len() && want > 0 {
+            idx.select_nth_unstable_by(want - 1, order);
+            idx.truncate(want);
+        }
+        idx.sort_unstable_by(order);
         idx.truncate(want);
-    }
-    idx.sort_unstable_by(order);
-    idx.truncate(want);
+        idx
+    };
     let gumbel = sampled
         .then(|| gumbel_winner(logits, p, row.position, first_id))
         .flatten()
@@ -190,6 +204,23 @@ mod tests {
                 }
                 assert_eq!(best.unwrap().token, want, "seed {seed}, {cards} cards");
             }
+        }
+    }
+
+    #[test]
+    fn a_single_candidate_is_the_head_of_the_full_list() {
+        // Coarse logits, so ties (lowest id first) occur.
+        for seed in 0..10 {
+            let all: Vec<f32> = logits(300, seed).iter().map(|l| l.round()).collect();
+            let one = CandidateOptions {
+                candidates: 1,
+                ..Default::default()
+            };
+            let row = RowSampling::default();
+            let single = propose(&all, 5, &row, &one);
+            let full = propose(&all, 5, &row, &CandidateOptions::default());
+            assert_eq!(single.candidates.len(), 1);
+            assert_eq!(single.candidates[0], full.candidates[0], "seed {seed}");
         }
     }
 

@@ -47,9 +47,22 @@ pub fn mergeable(request: &SampleRequest, candidates: usize) -> bool {
     !request.penalties.is_active()
         && p.top_p >= 1.0
         && p.min_p <= 0.0
-        && p.top_k <= candidates
+        && (p.is_greedy() || p.top_k <= candidates)
         && request.top_logprobs <= candidates
         && candidates >= 1
+}
+
+/// Candidates per card that `request` needs for an exact merge, at most `cap`: one for the
+/// best token (greedy, or the pool a Gumbel winner falls back on), its top-k pool when
+/// sampling, and its top logprobs. A row the proposals cannot decide with `cap` candidates
+/// gathers every logit anyway, so it needs only one.
+pub fn candidates_needed(request: &SampleRequest, cap: usize) -> usize {
+    if !mergeable(request, cap) {
+        return 1;
+    }
+    let p = &request.params;
+    let pool = if p.is_greedy() { 1 } else { p.top_k.max(1) };
+    pool.max(request.top_logprobs)
 }
 
 /// Log-sum-exp of the cards' log-sum-exps.
@@ -173,7 +186,8 @@ mod tests {
 
     proptest! {
         /// Greedy, unfiltered and top-k sampling, and logprobs, merged from any split of the
-        /// vocabulary, equal what the full-logits sampler gives.
+        /// vocabulary with only the candidates the row needs, equal what the full-logits
+        /// sampler gives.
         #[test]
         fn merge_equals_full_logits_sampling(
             vocab in 2usize..80, cards in 1usize..5, seed in any::<u64>(), temperature in prop_oneof![Just(0.0f32), 0.3f32..2.0],
@@ -185,7 +199,8 @@ mod tests {
                 penalties: Penalties::default(),
                 top_logprobs,
             };
-            let k = 8;
+            let k = candidates_needed(&request, 8);
+            prop_assert!(k <= 8);
             let per = vocab.div_ceil(cards);
             let proposals: Vec<Proposal> = (0..cards)
                 .map(|c| (c * per).min(vocab)..((c + 1) * per).min(vocab))

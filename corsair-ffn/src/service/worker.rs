@@ -212,8 +212,10 @@ impl Worker {
                         })
                         .collect()
                 } else {
-                    let props = timed(&self.shard, || card.lm_head(&rows, &sampling))
-                        .map_err(|e| e.to_string())?;
+                    let props = timed(&self.shard, || {
+                        card.lm_head_candidates(&rows, &sampling, wanted)
+                    })
+                    .map_err(|e| e.to_string())?;
                     props.into_iter().map(to_wire).collect()
                 };
                 data::encode_proposals(meta, wanted.min(width), &proposals, &mut out);

@@ -9,7 +9,7 @@ use proto::data::{self, Immediate, LM_HEAD_LAYER, Proposal, RowSampling};
 
 use super::DisaggregatedNode;
 use super::step::MicroBatch;
-use crate::merge::{MergeOutcome, merge_row};
+use crate::merge::{MergeOutcome, candidates_needed, merge_row};
 use crate::sampler::sample_row;
 use crate::step::{SampleRequest, SampledToken, StepBatch, StepError, StepOutput};
 
@@ -38,8 +38,9 @@ impl DisaggregatedNode {
             .filter(|&c| !self.layout.lm_head[c].is_empty())
             .collect();
         let hidden = self.config.hidden_size;
-        let k = self.node.lm_head_candidates;
-        let mut per_mb: Vec<(Vec<Row>, Vec<f32>)> = Vec::new();
+        let cap = self.node.lm_head_candidates;
+        // Per micro-batch: its rows, their normed hidden states and the candidates asked for.
+        let mut per_mb: Vec<(Vec<Row>, Vec<f32>, usize)> = Vec::new();
         for (m, mb) in mbs.iter().enumerate() {
             let span = self.trace.begin();
             let mut rows = Vec::new();
@@ -57,9 +58,15 @@ impl DisaggregatedNode {
                 }
             }
             if rows.is_empty() {
-                per_mb.push((rows, Vec::new()));
+                per_mb.push((rows, Vec::new(), 0));
                 continue;
             }
+            // As few as the rows need: a greedy row without logprobs needs one, not `cap`.
+            let k = rows
+                .iter()
+                .map(|r| candidates_needed(&r.request, cap))
+                .max()
+                .unwrap_or(1);
             let mut selected = Vec::with_capacity(picks.len());
             for &r in &picks {
                 selected.push(mb.x.narrow(0, r, 1).map_err(model_err)?);
@@ -71,11 +78,11 @@ impl DisaggregatedNode {
             self.send_lm_head(&lm_cards, m as u8, LM_HEAD_LAYER, &normed, &sampling, k)?;
             self.trace
                 .end(span, "lm-head send", usize::from(LM_HEAD_LAYER), m as u8);
-            per_mb.push((rows, normed));
+            per_mb.push((rows, normed, k));
         }
         let mut sampled: HashMap<usize, SampledToken> = HashMap::new();
         let mut stash = HashMap::new();
-        for (m, (rows, normed)) in per_mb.iter().enumerate() {
+        for (m, (rows, normed, k)) in per_mb.iter().enumerate() {
             if rows.is_empty() {
                 continue;
             }
@@ -90,7 +97,7 @@ impl DisaggregatedNode {
                     fallback.push(r);
                     continue;
                 }
-                match merge_row(&props, &row.request, row.position, k) {
+                match merge_row(&props, &row.request, row.position, *k) {
                     MergeOutcome::Done(t) => {
                         sampled.insert(
                             row.entry,
