@@ -433,7 +433,9 @@ impl Executor {
         let ow = Arena::range(&self.program, dst, 0, out_len)?;
         let ([part], [out]) = self.arena.split([pw], [ow])?;
         let (part, out) = (f32s(part), f32s_mut(out));
-        // Tiles are emitted row band by row band, segments ascending within a band.
+        // Tiles are emitted row band by row band, segments ascending within a band. A row's
+        // partials add in that order (the first one assigned), then its bias.
+        let mut acc: Vec<f32> = Vec::new();
         let mut k = 0;
         while k < tiles.len() {
             let band = m.tiles[tiles[k].tile as usize].rows;
@@ -441,27 +443,44 @@ impl Executor {
             while end < tiles.len() && m.tiles[tiles[end].tile as usize].rows == band {
                 end += 1;
             }
-            for t in 0..r {
-                for row in band.start..band.end {
-                    let mut y = 0f32;
-                    let mut first = true;
-                    for run in &tiles[k..end] {
-                        let tile = &m.tiles[run.tile as usize];
-                        let ns = tile.segments.len();
-                        let base = run.partial_offset as usize / 4
-                            + t * band.len() * ns
-                            + (row - band.start) * ns;
-                        for &q in &part[base..base + ns] {
-                            y = if first { q } else { y + q };
-                            first = false;
+            // `acc` is `[token][row of the band]`.
+            acc.clear();
+            acc.resize(r * band.len(), 0.0);
+            for (t, acc) in acc.chunks_exact_mut(band.len()).enumerate() {
+                for (i, run) in tiles[k..end].iter().enumerate() {
+                    let ns = m.tiles[run.tile as usize].segments.len();
+                    let base = run.partial_offset as usize / 4 + t * band.len() * ns;
+                    let block = &part[base..base + band.len() * ns];
+                    if ns == 1 && i == 0 {
+                        acc.copy_from_slice(block);
+                    } else if ns == 1 {
+                        acc.iter_mut().zip(block).for_each(|(y, q)| *y += q);
+                    } else {
+                        for (y, segs) in acc.iter_mut().zip(block.chunks_exact(ns)) {
+                            for (j, &q) in segs.iter().enumerate() {
+                                *y = if i == 0 && j == 0 { q } else { *y + q };
+                            }
                         }
                     }
-                    if let Some(b) = &bias {
-                        y += b[row];
+                }
+                if let Some(b) = &bias {
+                    acc.iter_mut()
+                        .zip(&b[band.start..band.end])
+                        .for_each(|(y, b)| *y += b);
+                }
+            }
+            match layout {
+                OutLayout::TokenMajor => {
+                    for (t, acc) in acc.chunks_exact(band.len()).enumerate() {
+                        out[t * m.rows + band.start..t * m.rows + band.end].copy_from_slice(acc);
                     }
-                    match layout {
-                        OutLayout::TokenMajor => out[t * m.rows + row] = y,
-                        OutLayout::RowMajor => out[row * max + t] = y,
+                }
+                // Row by row, so the writes run along `out` and the reads stay in a few lines.
+                OutLayout::RowMajor => {
+                    for (i, row) in (band.start..band.end).enumerate() {
+                        for (t, o) in out[row * max..row * max + r].iter_mut().enumerate() {
+                            *o = acc[t * band.len() + i];
+                        }
                     }
                 }
             }
@@ -528,10 +547,20 @@ impl Executor {
         let (n, max, rows) = (call.tokens, self.program.max_tokens, lm.rows.len());
         let lw = self.words(logits, 0, rows * max)?;
         let all = f32s(self.arena.get(lw)?);
+        // `[token][vocab row]`: each token's logits contiguous. Reading `all` row by row keeps
+        // the writes within `n` lines, where gathering a token's column would touch a line per
+        // vocabulary row; the 16 floats of padding per token keep those lines out of one cache
+        // set (shard widths are often a power of two).
+        let stride = rows + 16;
+        let mut by_token = vec![0f32; n * stride];
+        for (v, logits) in all.chunks_exact(max).take(rows).enumerate() {
+            for (t, &l) in logits[..n].iter().enumerate() {
+                by_token[t * stride + v] = l;
+            }
+        }
         let propose_row = |t: usize| {
-            let row: Vec<f32> = (0..rows).map(|v| all[v * max + t]).collect();
             propose(
-                &row,
+                &by_token[t * stride..t * stride + rows],
                 lm.rows.start as u32,
                 &call.sampling[t],
                 &call.candidates,
