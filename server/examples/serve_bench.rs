@@ -50,9 +50,21 @@ struct Args {
     /// Requests per level: this many times the concurrency (at least 8).
     #[arg(long, default_value_t = 2)]
     rounds: usize,
-    /// Runs of `afd generate` per length (the fastest counts).
+    /// Times to measure every concurrency (interleaved: 1, 8, 32, 64, 1, 8, ...) and to run
+    /// `afd generate` per length; the medians count, so one noisy run moves nothing.
     #[arg(long, default_value_t = 3)]
-    generate_runs: usize,
+    repeats: usize,
+}
+
+/// One concurrency's medians over the repeats.
+struct Level {
+    concurrency: usize,
+    requests: usize,
+    throughput: f64,
+    tpot_ms: f64,
+    ttft_ms: f64,
+    /// Slowest and fastest run's output tokens/s.
+    spread: std::ops::RangeInclusive<f64>,
 }
 
 struct Serve(Child);
@@ -95,15 +107,21 @@ fn cluster_flags(args: &Args) -> Vec<String> {
     }
 }
 
-/// Seconds `afd generate` takes for `max_tokens` tokens (fastest of `runs`).
+/// The median of `xs` (the upper one of an even count); NaN when empty.
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Seconds `afd generate` takes for `max_tokens` tokens (median of `repeats` runs).
 fn time_generate(
     afd: &PathBuf,
     args: &Args,
     prompt: &str,
     max_tokens: usize,
 ) -> anyhow::Result<f64> {
-    let mut best = f64::INFINITY;
-    for _ in 0..args.generate_runs {
+    let mut runs = Vec::new();
+    for _ in 0..args.repeats.max(1) {
         let start = Instant::now();
         let out = Command::new(afd)
             .arg("generate")
@@ -127,9 +145,9 @@ fn time_generate(
                 String::from_utf8_lossy(&out.stdout)
             );
         }
-        best = best.min(secs);
+        runs.push(secs);
     }
-    Ok(best)
+    Ok(median(runs))
 }
 
 #[tokio::main]
@@ -171,39 +189,65 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    let mut rows = Vec::new();
-    for &c in &args.concurrency {
-        let config = BenchmarkConfig {
-            base_url: base_url.clone(),
-            num_prompts: (c * args.rounds).max(8),
-            max_concurrency: Some(c),
-            ignore_eos: true,
-            temperature: Some(0.0),
-            prompts: PromptConfig {
-                source: PromptSource::TokenIds,
-                input_len: args.input_len,
-                output_len: args.output_len,
-                range_ratio: 0.0,
-                vocab_size: 256,
-            },
-            num_warmups: 1,
-            seed: c as u64,
-            ..Default::default()
-        };
-        let r = loadtest::run_benchmark(&config).await?;
-        if r.failed > 0 {
-            bail!(
-                "{} requests failed at concurrency {c}: {:?}",
-                r.failed,
-                r.errors.first()
+    // Per concurrency: every repeat's result.
+    let mut runs: Vec<(usize, Vec<loadtest::BenchmarkResult>)> =
+        args.concurrency.iter().map(|&c| (c, Vec::new())).collect();
+    for repeat in 0..args.repeats.max(1) {
+        for (c, results) in runs.iter_mut() {
+            let c = *c;
+            let config = BenchmarkConfig {
+                base_url: base_url.clone(),
+                num_prompts: (c * args.rounds).max(8),
+                max_concurrency: Some(c),
+                ignore_eos: true,
+                temperature: Some(0.0),
+                prompts: PromptConfig {
+                    source: PromptSource::TokenIds,
+                    input_len: args.input_len,
+                    output_len: args.output_len,
+                    range_ratio: 0.0,
+                    vocab_size: 256,
+                },
+                num_warmups: 1,
+                seed: c as u64 + 1000 * repeat as u64,
+                ..Default::default()
+            };
+            let r = loadtest::run_benchmark(&config).await?;
+            if r.failed > 0 {
+                bail!(
+                    "{} requests failed at concurrency {c}: {:?}",
+                    r.failed,
+                    r.errors.first()
+                );
+            }
+            eprintln!(
+                "run {}/{}, concurrency {c:>3}: {:.1} output tok/s, mean TPOT {:.2} ms",
+                repeat + 1,
+                args.repeats.max(1),
+                r.output_throughput,
+                r.latency.tpot.mean_ms
             );
+            results.push(r);
         }
-        eprintln!(
-            "concurrency {c:>3}: {:.1} output tok/s, mean TPOT {:.2} ms",
-            r.output_throughput, r.latency.tpot.mean_ms
-        );
-        rows.push((c, r));
     }
+    let rows: Vec<Level> = runs
+        .iter()
+        .map(|(c, results)| Level {
+            concurrency: *c,
+            requests: results.iter().map(|r| r.completed).sum::<usize>() / results.len().max(1),
+            throughput: median(results.iter().map(|r| r.output_throughput).collect()),
+            tpot_ms: median(results.iter().map(|r| r.latency.tpot.mean_ms).collect()),
+            ttft_ms: median(results.iter().map(|r| r.latency.ttft.mean_ms).collect()),
+            spread: results
+                .iter()
+                .map(|r| r.output_throughput)
+                .fold(f64::INFINITY, f64::min)
+                ..=results
+                    .iter()
+                    .map(|r| r.output_throughput)
+                    .fold(0.0, f64::max),
+        })
+        .collect();
     drop(_serve);
 
     // afd generate, same model, cards and prompt length: TPOT as the slope between two output
@@ -235,37 +279,46 @@ async fn main() -> anyhow::Result<()> {
         args.output_len
     );
     println!(
-        "{:>11} {:>9} {:>13} {:>13} {:>13} {:>10}",
-        "concurrency", "requests", "output tok/s", "mean TPOT ms", "mean TTFT ms", "vs c=1"
+        "medians of {} interleaved runs per concurrency; TPOT of afd generate: median of {} runs per length",
+        args.repeats.max(1),
+        args.repeats.max(1)
     );
-    let base = rows
-        .first()
-        .map(|(_, r)| r.output_throughput)
-        .unwrap_or(1.0);
-    for (c, r) in &rows {
+    println!(
+        "{:>11} {:>9} {:>13} {:>19} {:>13} {:>13} {:>10}",
+        "concurrency",
+        "requests",
+        "output tok/s",
+        "runs min-max",
+        "mean TPOT ms",
+        "mean TTFT ms",
+        "vs c=1"
+    );
+    let base = rows.first().map(|l| l.throughput).unwrap_or(1.0);
+    for l in &rows {
         println!(
-            "{:>11} {:>9} {:>13.1} {:>13.2} {:>13.2} {:>9.2}x",
-            c,
-            r.completed,
-            r.output_throughput,
-            r.latency.tpot.mean_ms,
-            r.latency.ttft.mean_ms,
-            r.output_throughput / base
+            "{:>11} {:>9} {:>13.1} {:>19} {:>13.2} {:>13.2} {:>9.2}x",
+            l.concurrency,
+            l.requests,
+            l.throughput,
+            format!("{:.0}-{:.0}", l.spread.start(), l.spread.end()),
+            l.tpot_ms,
+            l.ttft_ms,
+            l.throughput / base
         );
     }
-    if let (Some((1, one)), Some((64, many))) = (rows.first(), rows.iter().find(|(c, _)| *c == 64))
-    {
+    let one = rows.first().filter(|l| l.concurrency == 1);
+    if let (Some(one), Some(many)) = (one, rows.iter().find(|l| l.concurrency == 64)) {
         println!(
             "throughput at 64 / at 1: {:.2}x (goal: at least 8x)",
-            many.output_throughput / one.output_throughput
+            many.throughput / one.throughput
         );
     }
-    if let Some((1, one)) = rows.first() {
+    if let Some(one) = one {
         println!(
             "TPOT at concurrency 1: HTTP {:.2} ms vs afd generate {:.2} ms: {:+.1}% (goal: at most +10%)",
-            one.latency.tpot.mean_ms,
+            one.tpot_ms,
             generate_tpot_ms,
-            (one.latency.tpot.mean_ms / generate_tpot_ms - 1.0) * 100.0
+            (one.tpot_ms / generate_tpot_ms - 1.0) * 100.0
         );
     }
     Ok(())
