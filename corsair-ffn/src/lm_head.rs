@@ -34,6 +34,8 @@ pub struct RowSampling {
     pub params: SamplingParams,
     /// Position of the token in its sequence (the Gumbel counter).
     pub position: u64,
+    /// Whether the row's log-probabilities are wanted (the proposal's `log_sum_exp`).
+    pub logprobs: bool,
 }
 
 /// A candidate token.
@@ -63,8 +65,8 @@ pub struct LmProposal {
     pub candidates: Vec<Candidate>,
     /// Vocabulary rows of the shard (the list is complete when it has this many).
     pub shard_rows: u32,
-    /// `ln(sum(exp(logits)))` over the shard.
-    pub log_sum_exp: f64,
+    /// `ln(sum(exp(logits)))` over the shard, for rows that want logprobs.
+    pub log_sum_exp: Option<f64>,
     /// Same over `logits / temperature` (sampled rows).
     pub scaled_log_sum_exp: Option<f64>,
     /// Gumbel-max winner over the shard (sampled rows).
@@ -156,7 +158,7 @@ pub fn propose(
             })
             .collect(),
         shard_rows: logits.len() as u32,
-        log_sum_exp: log_sum_exp(logits),
+        log_sum_exp: row.logprobs.then(|| log_sum_exp(logits)),
         scaled_log_sum_exp: scaled.as_deref().map(log_sum_exp),
         gumbel,
     }
@@ -183,6 +185,7 @@ mod tests {
                     ..Default::default()
                 },
                 position: 17 + seed,
+                logprobs: false,
             };
             let want = sample(&all, &row.params, row.position);
             for cards in [1usize, 3, 8] {
@@ -227,7 +230,10 @@ mod tests {
     #[test]
     fn greedy_candidates_and_lse_merge_exactly() {
         let all = logits(500, 9);
-        let row = RowSampling::default();
+        let row = RowSampling {
+            logprobs: true,
+            ..Default::default()
+        };
         let mut merged = Vec::new();
         let mut lses = Vec::new();
         for c in 0..4 {
@@ -241,7 +247,7 @@ mod tests {
             assert!(p.gumbel.is_none());
             assert!(p.candidates.windows(2).all(|w| w[0].logit >= w[1].logit));
             merged.extend(p.candidates);
-            lses.push(p.log_sum_exp as f32);
+            lses.push(p.log_sum_exp.unwrap() as f32);
         }
         let best = merged
             .iter()
@@ -263,6 +269,7 @@ mod tests {
                 ..Default::default()
             },
             position: 0,
+            logprobs: false,
         };
         let p = propose(&all, 0, &row, &CandidateOptions::default());
         assert!(p.candidates.len() >= 200);

@@ -232,6 +232,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
                         ..Default::default()
                     },
                     position: t as u64,
+                    logprobs: t % 2 == 0,
                 })
                 .collect();
             let got = card.lm_head(&x, &rows).unwrap();

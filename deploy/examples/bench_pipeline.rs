@@ -38,6 +38,7 @@ fn tpot<N: AttentionNode>(
     let request = SampleRequest {
         params: SamplingParams::greedy(),
         penalties: Default::default(),
+        logprobs: false,
         top_logprobs: 0,
     };
     let entry = |i: usize, tokens: Vec<u32>, start: usize| StepEntry {

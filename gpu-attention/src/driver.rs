@@ -66,6 +66,8 @@ pub fn generate(
                         sample: Some(SampleRequest {
                             params: r.sampling,
                             penalties: Penalties::default(),
+                            // The JSON reports every token's logprob.
+                            logprobs: true,
                             top_logprobs: 0,
                         }),
                     }

@@ -101,7 +101,12 @@ pub fn merge_row(
     if !mergeable(request, candidates) || proposals.is_empty() {
         return MergeOutcome::NeedFullLogits;
     }
-    let lse = total_log_sum_exp(proposals);
+    // The cards computed no log-sum-exp for rows that want no logprobs.
+    let lse = if request.wants_logprobs() {
+        total_log_sum_exp(proposals)
+    } else {
+        f64::NAN
+    };
     let logprob = |logit: f32| (logit as f64 - lse) as f32;
     let merged = merged_candidates(proposals);
     let Some(&(best_logit, best)) = merged.first() else {
@@ -191,12 +196,13 @@ mod tests {
         #[test]
         fn merge_equals_full_logits_sampling(
             vocab in 2usize..80, cards in 1usize..5, seed in any::<u64>(), temperature in prop_oneof![Just(0.0f32), 0.3f32..2.0],
-            top_k in 0usize..5, top_logprobs in 0usize..4, position in 0u64..1000,
+            top_k in 0usize..5, top_logprobs in 0usize..4, position in 0u64..1000, logprobs in any::<bool>(),
         ) {
             let logits: Vec<f32> = (0..vocab).map(|i| (((i as u64 * 2654435761) ^ seed) % 1000) as f32 / 100.0).collect();
             let request = SampleRequest {
                 params: SamplingParams { temperature, top_k, seed, ..Default::default() },
                 penalties: Penalties::default(),
+                logprobs,
                 top_logprobs,
             };
             let k = candidates_needed(&request, 8);
@@ -206,13 +212,22 @@ mod tests {
                 .map(|c| (c * per).min(vocab)..((c + 1) * per).min(vocab))
                 .filter(|r| !r.is_empty())
                 .map(|r| propose(&logits, r, k, &request.params, position))
+                // Cards skip the log-sum-exp of rows that want no logprobs.
+                .map(|p| Proposal {
+                    log_sum_exp: if request.wants_logprobs() { p.log_sum_exp } else { f64::NAN },
+                    ..p
+                })
                 .collect();
             let MergeOutcome::Done(m) = merge_row(&proposals, &request, position, k) else {
                 return Err(TestCaseError::fail("should merge"));
             };
             let full = sample_row(0, &logits, &request, &TokenHistory::default(), position);
             prop_assert_eq!(m.token, full.token);
-            prop_assert!((m.logprob - full.logprob).abs() < 1e-5);
+            if request.wants_logprobs() {
+                prop_assert!((m.logprob - full.logprob).abs() < 1e-5);
+            } else {
+                prop_assert!(m.logprob.is_nan());
+            }
             prop_assert_eq!(m.top_logprobs.len(), full.top_logprobs.len());
             for (a, b) in m.top_logprobs.iter().zip(&full.top_logprobs) {
                 prop_assert_eq!(a.0, b.0);
@@ -229,6 +244,7 @@ mod tests {
                 ..Default::default()
             },
             penalties: Penalties::default(),
+            logprobs: false,
             top_logprobs: 0,
         };
         let p = vec![Proposal {

@@ -183,6 +183,7 @@ mod tests {
         let request = SampleRequest {
             params: SamplingParams::greedy(),
             penalties: Default::default(),
+            logprobs: true,
             top_logprobs: 2,
         };
         // Prefill in two chunks, then decode.

@@ -40,6 +40,7 @@ pub mod convert {
                         frequency_penalty: s.penalties.frequency,
                         repetition_penalty: s.penalties.repetition,
                         top_logprobs: s.top_logprobs as u32,
+                        logprobs: s.logprobs,
                     }),
                 })
                 .collect(),
@@ -71,6 +72,7 @@ pub mod convert {
                             frequency: s.frequency_penalty,
                             repetition: s.repetition_penalty,
                         },
+                        logprobs: s.logprobs,
                         top_logprobs: s.top_logprobs as usize,
                     }),
                 })

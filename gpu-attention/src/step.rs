@@ -49,8 +49,19 @@ pub struct SampleRequest {
     pub params: SamplingParams,
     /// Repetition penalties.
     pub penalties: Penalties,
+    /// Whether the sampled token's log-probability is wanted (OpenAI `logprobs`). Without it
+    /// (and without `top_logprobs`), the LM-head shards skip their log-sum-exps and
+    /// [`SampledToken::logprob`] may be NaN.
+    pub logprobs: bool,
     /// How many most likely alternatives to return with their logprobs (0: none; at most 20).
     pub top_logprobs: usize,
+}
+
+impl SampleRequest {
+    /// Whether any log-probability is wanted: the token's or its alternatives'.
+    pub fn wants_logprobs(&self) -> bool {
+        self.logprobs || self.top_logprobs > 0
+    }
 }
 
 /// One sequence's part of a step.
@@ -85,7 +96,8 @@ pub struct SampledToken {
     /// The token.
     pub token: u32,
     /// Its log-probability under the model's distribution (temperature 1, no filters, no
-    /// penalties), as vLLM reports it.
+    /// penalties), as vLLM reports it; NaN where the request wanted no logprobs and the node
+    /// skipped them.
     pub logprob: f32,
     /// The most likely tokens and their log-probabilities, best first (`top_logprobs` of them).
     pub top_logprobs: Vec<(u32, f32)>,

@@ -18,6 +18,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
             sample: SampleRequest {
                 params: SamplingParams::greedy(),
                 penalties: Penalties::default(),
+                logprobs: false,
                 top_logprobs: 0,
             },
             stop_token_ids: Vec::new(),

@@ -128,6 +128,7 @@ pub fn start(
                 sample: SampleRequest {
                     params: sampling,
                     penalties: p.penalties,
+                    logprobs: spec.want_logprobs,
                     top_logprobs: spec.top_logprobs,
                 },
                 stop_token_ids: stop_token_ids.clone(),

@@ -578,7 +578,7 @@ impl Executor {
         for (p, words) in proposals.iter().zip(out.chunks_exact_mut(per)) {
             let fixed = (crate::compiler::PROPOSAL_FIXED_BYTES / 4) as usize;
             let (head, cands) = words.split_at_mut(fixed);
-            head[..2].copy_from_slice(bytemuck::cast_slice(&[p.log_sum_exp]));
+            head[..2].copy_from_slice(bytemuck::cast_slice(&[p.log_sum_exp.unwrap_or(f64::NAN)]));
             head[2..4].copy_from_slice(bytemuck::cast_slice(&[p
                 .scaled_log_sum_exp
                 .unwrap_or(f64::NAN)]));

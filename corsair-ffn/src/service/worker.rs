@@ -146,6 +146,7 @@ impl Worker {
                                 ..Default::default()
                             },
                             position: s.position,
+                            logprobs: s.logprobs,
                         }
                     })
                     .collect();
@@ -274,7 +275,7 @@ fn to_wire(p: LmProposal) -> Proposal {
         None => (u32::MAX, 0.0, f64::NEG_INFINITY),
     };
     Proposal {
-        log_sum_exp: p.log_sum_exp,
+        log_sum_exp: p.log_sum_exp.unwrap_or(f64::NAN),
         winner,
         winner_logit,
         winner_score,

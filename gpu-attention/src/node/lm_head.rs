@@ -28,67 +28,97 @@ fn model_err(e: impl std::fmt::Display) -> StepError {
     StepError::Model(e.to_string())
 }
 
+/// One micro-batch's rows on their way through the LM head.
+pub(super) struct LmHeadRows {
+    rows: Vec<Row>,
+    /// Their normed hidden states, `[rows, hidden]`.
+    normed: Vec<f32>,
+    /// Candidates per card asked for.
+    candidates: usize,
+}
+
 impl DisaggregatedNode {
-    pub(super) fn lm_head_step(
+    /// The cards holding vocabulary rows.
+    fn lm_cards(&self) -> Vec<usize> {
+        (0..self.layout.lm_head.len())
+            .filter(|&c| !self.layout.lm_head[c].is_empty())
+            .collect()
+    }
+
+    /// Sends micro-batch `m`'s sampled rows to the LM-head cards (as soon as its last layer is
+    /// done, so the cards start on it while the node finishes the other micro-batch).
+    pub(super) fn lm_head_send(
         &mut self,
         batch: &StepBatch,
-        mbs: &[MicroBatch],
-    ) -> Result<StepOutput, StepError> {
-        let lm_cards: Vec<usize> = (0..self.layout.lm_head.len())
-            .filter(|&c| !self.layout.lm_head[c].is_empty())
-            .collect();
-        let hidden = self.config.hidden_size;
+        mb: &MicroBatch,
+        m: u8,
+    ) -> Result<LmHeadRows, StepError> {
+        let lm_cards = self.lm_cards();
         let cap = self.node.lm_head_candidates;
-        // Per micro-batch: its rows, their normed hidden states and the candidates asked for.
-        let mut per_mb: Vec<(Vec<Row>, Vec<f32>, usize)> = Vec::new();
-        for (m, mb) in mbs.iter().enumerate() {
-            let span = self.trace.begin();
-            let mut rows = Vec::new();
-            let mut picks = Vec::new();
-            for (span_idx, &i) in mb.entries.iter().enumerate() {
-                let e = &batch.entries[i];
-                if let Some(request) = e.sample {
-                    let s = &mb.spans[span_idx];
-                    picks.push(s.start + s.len - 1);
-                    rows.push(Row {
-                        entry: i,
-                        request,
-                        position: (e.start + e.tokens.len()) as u64,
-                    });
-                }
+        let span = self.trace.begin();
+        let mut rows = Vec::new();
+        let mut picks = Vec::new();
+        for (span_idx, &i) in mb.entries.iter().enumerate() {
+            let e = &batch.entries[i];
+            if let Some(request) = e.sample {
+                let s = &mb.spans[span_idx];
+                picks.push(s.start + s.len - 1);
+                rows.push(Row {
+                    entry: i,
+                    request,
+                    position: (e.start + e.tokens.len()) as u64,
+                });
             }
-            if rows.is_empty() {
-                per_mb.push((rows, Vec::new(), 0));
-                continue;
-            }
-            // As few as the rows need: a greedy row without logprobs needs one, not `cap`.
-            let k = rows
-                .iter()
-                .map(|r| candidates_needed(&r.request, cap))
-                .max()
-                .unwrap_or(1);
-            let mut selected = Vec::with_capacity(picks.len());
-            for &r in &picks {
-                selected.push(mb.x.narrow(0, r, 1).map_err(model_err)?);
-            }
-            let selected = candle_core::Tensor::cat(&selected, 0).map_err(model_err)?;
-            let normed = ops::to_f32_vec(&self.lm_head.norm(&selected).map_err(model_err)?)
-                .map_err(model_err)?;
-            let sampling: Vec<RowSampling> = rows.iter().map(row_sampling).collect();
-            self.send_lm_head(&lm_cards, m as u8, LM_HEAD_LAYER, &normed, &sampling, k)?;
-            self.trace
-                .end(span, "lm-head send", usize::from(LM_HEAD_LAYER), m as u8);
-            per_mb.push((rows, normed, k));
         }
+        if rows.is_empty() {
+            return Ok(LmHeadRows {
+                rows,
+                normed: Vec::new(),
+                candidates: 0,
+            });
+        }
+        // As few as the rows need: a greedy row without logprobs needs one, not `cap`.
+        let k = rows
+            .iter()
+            .map(|r| candidates_needed(&r.request, cap))
+            .max()
+            .unwrap_or(1);
+        let mut selected = Vec::with_capacity(picks.len());
+        for &r in &picks {
+            selected.push(mb.x.narrow(0, r, 1).map_err(model_err)?);
+        }
+        let selected = candle_core::Tensor::cat(&selected, 0).map_err(model_err)?;
+        let normed = ops::to_f32_vec(&self.lm_head.norm(&selected).map_err(model_err)?)
+            .map_err(model_err)?;
+        let sampling: Vec<RowSampling> = rows.iter().map(row_sampling).collect();
+        self.send_lm_head(&lm_cards, m, LM_HEAD_LAYER, &normed, &sampling, k)?;
+        self.trace
+            .end(span, "lm-head send", usize::from(LM_HEAD_LAYER), m);
+        Ok(LmHeadRows {
+            rows,
+            normed,
+            candidates: k,
+        })
+    }
+
+    /// Merges the proposals for every micro-batch's rows sent by [`Self::lm_head_send`] (in
+    /// micro-batch order), with the full-logits round for rows they cannot decide.
+    pub(super) fn lm_head_merge(
+        &mut self,
+        batch: &StepBatch,
+        per_mb: &[LmHeadRows],
+        stash: &mut HashMap<(usize, u8, usize), Vec<u8>>,
+    ) -> Result<StepOutput, StepError> {
+        let lm_cards = self.lm_cards();
+        let hidden = self.config.hidden_size;
         let mut sampled: HashMap<usize, SampledToken> = HashMap::new();
-        let mut stash = HashMap::new();
-        for (m, (rows, normed, k)) in per_mb.iter().enumerate() {
+        for (m, sent) in per_mb.iter().enumerate() {
+            let (rows, normed, k) = (&sent.rows, &sent.normed, sent.candidates);
             if rows.is_empty() {
                 continue;
             }
             let span = self.trace.begin();
-            let proposals =
-                self.proposals(&lm_cards, m as u8, LM_HEAD_LAYER, rows.len(), &mut stash)?;
+            let proposals = self.proposals(&lm_cards, m as u8, LM_HEAD_LAYER, rows.len(), stash)?;
             let mut fallback = Vec::new();
             for (r, row) in rows.iter().enumerate() {
                 let props: Vec<Proposal> = proposals.iter().map(|p| p[r].clone()).collect();
@@ -97,7 +127,7 @@ impl DisaggregatedNode {
                     fallback.push(r);
                     continue;
                 }
-                match merge_row(&props, &row.request, row.position, *k) {
+                match merge_row(&props, &row.request, row.position, k) {
                     MergeOutcome::Done(t) => {
                         sampled.insert(
                             row.entry,
@@ -124,7 +154,7 @@ impl DisaggregatedNode {
                     &lm_cards,
                     hidden,
                     &mut sampled,
-                    &mut stash,
+                    stash,
                 )?;
                 self.trace.end(
                     span,
@@ -283,5 +313,6 @@ fn row_sampling(row: &Row) -> RowSampling {
         temperature: if p.is_greedy() { 0.0 } else { p.temperature },
         seed: p.seed,
         position: row.position,
+        logprobs: row.request.wants_logprobs(),
     }
 }

@@ -80,8 +80,10 @@ impl DisaggregatedNode {
                 self.attention_and_dispatch(layer, mb, m as u8, &tables)?;
             }
         }
+        let mut sent = Vec::with_capacity(mbs.len());
         for (m, mb) in mbs.iter_mut().enumerate() {
             self.finish_ffn(mb, m as u8, &mut stash)?;
+            sent.push(self.lm_head_send(batch, mb, m as u8)?);
         }
         for e in &batch.entries {
             self.seq_lens.insert(e.seq, e.start + e.tokens.len());
@@ -90,7 +92,7 @@ impl DisaggregatedNode {
                 .or_default()
                 .extend(&e.tokens, e.prompt_len);
         }
-        self.lm_head_step(batch, &mbs)
+        self.lm_head_merge(batch, &sent, &mut stash)
     }
 
     /// Cuts the batch into one or two micro-batches of about equal token counts, in order.

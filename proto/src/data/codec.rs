@@ -1,8 +1,8 @@
 //! Encoding and checked decoding of the data-plane messages.
 
 use super::{
-    Candidate, DecodeError, HEADER_LEN, Header, Kind, MAGIC, Proposal, ROW_SAMPLING_LEN,
-    RowSampling, VERSION, WireDtype, proposal_len,
+    Candidate, DecodeError, HEADER_LEN, Header, Kind, MAGIC, Proposal, ROW_FLAG_LOGPROBS,
+    ROW_SAMPLING_LEN, RowSampling, VERSION, WireDtype, proposal_len,
 };
 
 /// Step, layer and micro-batch of a message, and its row dtype.
@@ -300,6 +300,7 @@ impl LmHeadDispatch<'_> {
         let b = &self.sampling[row * ROW_SAMPLING_LEN..(row + 1) * ROW_SAMPLING_LEN];
         RowSampling {
             temperature: f32::from_bits(u32_at(b, 0)),
+            logprobs: u32_at(b, 4) & ROW_FLAG_LOGPROBS != 0,
             seed: u64_at(b, 8),
             position: u64_at(b, 16),
         }
@@ -327,7 +328,8 @@ pub fn encode_lm_head_dispatch(
     push_rows(rows, meta.dtype, out);
     for s in sampling {
         out.extend_from_slice(&s.temperature.to_le_bytes());
-        out.extend_from_slice(&[0u8; 4]);
+        let flags = if s.logprobs { ROW_FLAG_LOGPROBS } else { 0 };
+        out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&s.seed.to_le_bytes());
         out.extend_from_slice(&s.position.to_le_bytes());
     }

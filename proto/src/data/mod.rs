@@ -224,7 +224,13 @@ pub struct RowSampling {
     pub seed: u64,
     /// Position of the token being sampled (the Gumbel counter).
     pub position: u64,
+    /// Whether the row's log-probabilities are wanted: only then does a card compute its
+    /// shard's log-sum-exp (NaN in the proposal otherwise).
+    pub logprobs: bool,
 }
+
+/// Flag bit of [`RowSampling::logprobs`] in the encoded row.
+pub const ROW_FLAG_LOGPROBS: u32 = 1;
 
 /// Bytes of one encoded [`RowSampling`].
 pub const ROW_SAMPLING_LEN: usize = 24;

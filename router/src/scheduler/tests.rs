@@ -26,6 +26,7 @@ fn params(max_tokens: usize) -> SequenceParams {
         sample: SampleRequest {
             params: SamplingParams::greedy(),
             penalties: Penalties::default(),
+            logprobs: false,
             top_logprobs: 0,
         },
         stop_token_ids: Vec::new(),

@@ -162,6 +162,7 @@ impl TestServer {
         let sample = SampleRequest {
             params: SamplingParams::greedy(),
             penalties: Penalties::default(),
+            logprobs: false,
             top_logprobs: 0,
         };
         let mut tokens = prompt.to_vec();
