@@ -443,10 +443,13 @@ impl Executor {
             while end < tiles.len() && m.tiles[tiles[end].tile as usize].rows == band {
                 end += 1;
             }
-            // `acc` is `[token][row of the band]`.
+            // `acc` is `[token][row of the band]`, each token's rows padded by 16 floats so that
+            // reading one row across tokens does not land every token in one cache set.
+            let stride = band.len() + 16;
             acc.clear();
-            acc.resize(r * band.len(), 0.0);
-            for (t, acc) in acc.chunks_exact_mut(band.len()).enumerate() {
+            acc.resize(r * stride, 0.0);
+            for (t, acc) in acc.chunks_exact_mut(stride).enumerate() {
+                let acc = &mut acc[..band.len()];
                 for (i, run) in tiles[k..end].iter().enumerate() {
                     let ns = m.tiles[run.tile as usize].segments.len();
                     let base = run.partial_offset as usize / 4 + t * band.len() * ns;
@@ -471,15 +474,16 @@ impl Executor {
             }
             match layout {
                 OutLayout::TokenMajor => {
-                    for (t, acc) in acc.chunks_exact(band.len()).enumerate() {
-                        out[t * m.rows + band.start..t * m.rows + band.end].copy_from_slice(acc);
+                    for (t, acc) in acc.chunks_exact(stride).enumerate() {
+                        out[t * m.rows + band.start..t * m.rows + band.end]
+                            .copy_from_slice(&acc[..band.len()]);
                     }
                 }
                 // Row by row, so the writes run along `out` and the reads stay in a few lines.
                 OutLayout::RowMajor => {
                     for (i, row) in (band.start..band.end).enumerate() {
                         for (t, o) in out[row * max..row * max + r].iter_mut().enumerate() {
-                            *o = acc[t * band.len() + i];
+                            *o = acc[t * stride + i];
                         }
                     }
                 }
