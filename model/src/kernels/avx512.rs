@@ -3,11 +3,12 @@
 //! MXFP4: nibbles through a 16-entry permute table, times the block scale).
 //!
 //! It reproduces [`super::dot`] bit for bit: lane `l` accumulates every `k = l mod 16` with a
-//! separate multiply and add, lanes are reduced by the same tree, the scalar tail is added last.
+//! separate multiply and add, lanes are reduced in registers by the same tree as
+//! [`super::reduce`], the scalar tail is added last.
 
 use std::arch::x86_64::*;
 
-use super::{LANES, reduce};
+use super::LANES;
 use crate::mxfp4;
 use crate::weights::{WeightFormat, WeightMatrix};
 
@@ -63,7 +64,18 @@ unsafe fn load_chunk<const F: u8>(row: RowPtr, k: usize) -> __m512 {
     }
 }
 
-/// Lane sums of `R` rows against `T` tokens over the first `full` columns.
+/// The 16 lanes of `acc` folded by [`super::reduce`]'s halving tree (8, 4, 2, 1), in registers.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn fold(acc: __m512) -> f32 {
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+    let v8 = _mm256_add_ps(_mm512_castps512_ps256(acc), high);
+    let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));
+    let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)))
+}
+
+/// Sums of `R` rows against `T` tokens over the first `full` columns, lanes folded.
 ///
 /// # Safety
 /// Every row and token must have at least `full` columns; `full` is a multiple of 16.
@@ -73,7 +85,7 @@ unsafe fn block<const F: u8, const R: usize, const T: usize>(
     rows: &[RowPtr; R],
     xs: &[*const f32; T],
     full: usize,
-    out: &mut [[[f32; LANES]; T]; R],
+    out: &mut [[f32; T]; R],
 ) {
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     let mut w = [_mm512_setzero_ps(); R];
@@ -94,8 +106,7 @@ unsafe fn block<const F: u8, const R: usize, const T: usize>(
     }
     for r in 0..R {
         for t in 0..T {
-            // SAFETY: out[r][t] holds 16 floats.
-            unsafe { _mm512_storeu_ps(out[r][t].as_mut_ptr(), acc[r][t]) };
+            out[r][t] = fold(acc[r][t]);
         }
     }
 }
@@ -132,16 +143,16 @@ unsafe fn run_block<const F: u8, const R: usize, const T: usize>(
     for (t, p) in xs.iter_mut().enumerate() {
         *p = x[(t0 + t) * cols..(t0 + t + 1) * cols].as_ptr();
     }
-    let mut lanes = [[[0f32; LANES]; T]; R];
+    let mut sums = [[0f32; T]; R];
     // SAFETY: rows and tokens have `cols >= full` columns.
-    unsafe { block::<F, R, T>(&rows, &xs, full, &mut lanes) };
+    unsafe { block::<F, R, T>(&rows, &xs, full, &mut sums) };
     for r in 0..R {
         for t in 0..T {
             let mut tail = 0f32;
             for k in full..cols {
                 tail += w.element(n0 + r, k) * x[(t0 + t) * cols + k];
             }
-            tile[(n0 + r - tile_n0) * tokens + t0 + t] = reduce(lanes[r][t]) + tail;
+            tile[(n0 + r - tile_n0) * tokens + t0 + t] = sums[r][t] + tail;
         }
     }
 }
