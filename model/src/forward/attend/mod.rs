@@ -118,7 +118,16 @@ impl RowAttention<'_> {
                         *s = dot(qh, &k[off..off + d]) * self.scale;
                     }
                 }
-                softmax(scores, self.sinks.map(|s| s[h]));
+                let sink = self.sinks.map(|s| s[h]);
+                if SIMD {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    unsafe {
+                        avx2::softmax(scores, sink)
+                    };
+                } else {
+                    softmax(scores, sink);
+                }
                 let oh = &mut oi[h * d..(h + 1) * d];
                 if SIMD {
                     #[cfg(target_arch = "x86_64")]
@@ -134,7 +143,9 @@ impl RowAttention<'_> {
     }
 }
 
-/// Softmax of `scores` in place, with an optional extra logit in the denominator only.
+/// Softmax of `scores` in place, with an optional extra logit in the denominator only: the
+/// exponentials by [`exp_nonpositive`], their sum in 8 lanes (element `j` into lane `j % 8`,
+/// in order) reduced by the dot products' tree.
 #[inline(always)]
 fn softmax(scores: &mut [f32], sink: Option<f32>) {
     let max = scores
@@ -142,17 +153,60 @@ fn softmax(scores: &mut [f32], sink: Option<f32>) {
         .copied()
         .chain(sink)
         .fold(f32::NEG_INFINITY, f32::max);
-    let mut denom = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        denom += *s;
+    let mut lanes = [0f32; 8];
+    for chunk in scores.chunks_mut(8) {
+        for (s, l) in chunk.iter_mut().zip(lanes.iter_mut()) {
+            *s = exp_nonpositive(*s - max);
+            *l += *s;
+        }
     }
+    let mut denom = tree(lanes);
     if let Some(s) = sink {
-        denom += (s - max).exp();
+        denom += exp_nonpositive(s - max);
     }
     for s in scores.iter_mut() {
         *s /= denom;
     }
+}
+
+/// `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`.
+#[inline(always)]
+fn tree(l: [f32; 8]) -> f32 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+}
+
+/// Cody-Waite range reduction and a degree-5 polynomial (the Cephes `expf` constants).
+const EXP_LOG2E: f32 = std::f32::consts::LOG2_E;
+const EXP_LN2_HIGH: f32 = 0.693_359_4;
+const EXP_LN2_LOW: f32 = -2.121_944_4e-4;
+const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    0.166_666_65,
+    0.5,
+];
+/// Below this `e^x` is under the smallest normal float: arguments are clamped to it, so the
+/// result stays about `f32::MIN_POSITIVE` instead of reaching 0 (weights that small vanish in
+/// the sums anyway).
+const EXP_FLOOR: f32 = -87.336_55;
+
+/// `e^x` for `x <= 0` (softmax arguments), within 2 ulp, from plain IEEE operations that the
+/// AVX2 build repeats eight at a time, so both give the same bits (libm's `expf` would differ
+/// between scalar and vector code).
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    let x = x.max(EXP_FLOOR);
+    let n = (x * EXP_LOG2E + 0.5).floor();
+    let r = x - n * EXP_LN2_HIGH;
+    let r = r - n * EXP_LN2_LOW;
+    let mut y = EXP_POLY[0];
+    for &c in &EXP_POLY[1..] {
+        y = y * r + c;
+    }
+    let y = y * (r * r) + r + 1.0;
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
 /// `out = sum_j p[j] * v_j[off..off + out.len()]`, summed over `j` in order per element.
@@ -211,116 +265,11 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             l[i] += x[i] * y[i];
         }
     }
-    (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) + tail
+    tree(l) + tail
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::KvRow;
-
-    /// Keys per block of dot products: one register of scores.
-    const KEYS: usize = 8;
-    /// 8-float chunks of a head held in registers by the weighted sum.
-    const CHUNKS: usize = 4;
-
-    /// `scores[j] = dot(q, k_j[off..off + q.len()]) * scale`, eight keys at a time.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2; `q.len()` must be a multiple of 8, and every key row must hold
-    /// `off + q.len()` floats.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn scaled_dots(
-        q: &[f32],
-        positions: &[KvRow<'_>],
-        off: usize,
-        scale: f32,
-        scores: &mut [f32],
-    ) {
-        let d = q.len();
-        let scale = _mm256_set1_ps(scale);
-        for (block, out) in positions.chunks(KEYS).zip(scores.chunks_mut(KEYS)) {
-            // A short last block repeats its first key; its extra scores are dropped.
-            let keys: [*const f32; KEYS] = std::array::from_fn(|j| {
-                let (k, _) = block[if j < block.len() { j } else { 0 }];
-                k[off..off + d].as_ptr()
-            });
-            let mut acc = [_mm256_setzero_ps(); KEYS];
-            for c in (0..d).step_by(8) {
-                // SAFETY: `c + 8 <= d` and every key row holds `off + d` floats.
-                unsafe {
-                    let qc = _mm256_loadu_ps(q.as_ptr().add(c));
-                    for (a, k) in acc.iter_mut().zip(keys) {
-                        *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, _mm256_loadu_ps(k.add(c))));
-                    }
-                }
-            }
-            // Lane sums of eight keys at once: ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)).
-            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
-            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
-            let h45 = _mm256_hadd_ps(acc[4], acc[5]);
-            let h67 = _mm256_hadd_ps(acc[6], acc[7]);
-            let h0123 = _mm256_hadd_ps(h01, h23);
-            let h4567 = _mm256_hadd_ps(h45, h67);
-            let low = _mm256_permute2f128_ps::<0x20>(h0123, h4567);
-            let high = _mm256_permute2f128_ps::<0x31>(h0123, h4567);
-            let s = _mm256_mul_ps(_mm256_add_ps(low, high), scale);
-            let mut lanes = [0f32; KEYS];
-            // SAFETY: `lanes` holds 8 floats.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
-            out.copy_from_slice(&lanes[..out.len()]);
-        }
-    }
-
-    /// [`super::weighted_sum`], 32 output floats (then 8) held in registers at a time.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2; `out.len()` must be a multiple of 8, and every value row must
-    /// hold `off + out.len()` floats.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn weighted_sum(
-        p: &[f32],
-        positions: &[KvRow<'_>],
-        off: usize,
-        out: &mut [f32],
-    ) {
-        let mut at = 0;
-        while out.len() - at >= 8 * CHUNKS {
-            weighted_block::<CHUNKS>(p, positions, off + at, &mut out[at..at + 8 * CHUNKS]);
-            at += 8 * CHUNKS;
-        }
-        while at < out.len() {
-            weighted_block::<1>(p, positions, off + at, &mut out[at..at + 8]);
-            at += 8;
-        }
-    }
-
-    /// `out` (`8 * C` floats) `= sum_j p[j] * v_j[off..off + 8 * C]`.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn weighted_block<const C: usize>(
-        p: &[f32],
-        positions: &[KvRow<'_>],
-        off: usize,
-        out: &mut [f32],
-    ) {
-        let mut acc = [_mm256_setzero_ps(); C];
-        for (&pj, (_, v)) in p.iter().zip(positions) {
-            let w = _mm256_set1_ps(pj);
-            let v = &v[off..off + 8 * C];
-            for (c, a) in acc.iter_mut().enumerate() {
-                // SAFETY: chunk `c` lies inside the `8 * C` floats sliced above.
-                let x = unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * c)) };
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(w, x));
-            }
-        }
-        for (c, a) in acc.iter().enumerate() {
-            // SAFETY: `out` holds `8 * C` floats.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), *a) };
-        }
-    }
-}
+mod avx2;
 
 #[cfg(test)]
 mod tests {
@@ -370,6 +319,26 @@ mod tests {
                 assert_eq!(bits(&fast), bits(&portable), "d={d} keys={keys}");
             }
         }
+    }
+
+    /// The softmax exponential is within 2 ulp of the true value (and exact at 0); far below
+    /// the smallest normal float it stays about there.
+    #[test]
+    fn the_softmax_exponential_is_accurate() {
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        let mut worst = 0f64;
+        for i in 0..=200_000 {
+            let x = -(i as f32) * 87.0 / 200_000.0;
+            let want = (x as f64).exp();
+            let got = exp_nonpositive(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+        }
+        assert!(worst < 2.5e-7, "largest relative error {worst:e}");
+        let tiny = exp_nonpositive(-1000.0);
+        assert!(
+            (0.99 * f32::MIN_POSITIVE..1.01 * f32::MIN_POSITIVE).contains(&tiny),
+            "{tiny:e}"
+        );
     }
 
     /// The row kernel equals the tensor path for every kind and head size, with and without sinks, for
