@@ -291,8 +291,11 @@ mod tests {
     #[test]
     fn the_simd_build_gives_the_portable_bits() {
         for d in [8, 16, 32, 64, 128] {
-            for keys in [2, 7, 8, 13, 40] {
-                let (heads, kv_heads, t) = (4, 2, 2);
+            for (keys, (heads, kv_heads)) in [2, 7, 8, 13, 40]
+                .into_iter()
+                .flat_map(|k| [(4, 2), (3, 1), (2, 2)].map(|s| (k, s)))
+            {
+                let t = 2;
                 let kv_w = kv_heads * d;
                 let keys_v = values(keys * kv_w, 5);
                 let vals = values(keys * kv_w, 6);
@@ -316,7 +319,11 @@ mod tests {
                 rows.attend(&q, past, 0, &runs, &mut Vec::new(), &mut fast);
                 rows.attend_rows::<false>(&q, past, 0, &runs, &mut Vec::new(), &mut portable);
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&fast), bits(&portable), "d={d} keys={keys}");
+                assert_eq!(
+                    bits(&fast),
+                    bits(&portable),
+                    "d={d} keys={keys} heads={heads}/{kv_heads}"
+                );
             }
         }
     }
