@@ -10,7 +10,9 @@
 //! (head sizes a multiple of 8). Both add a dot product's products in 8 lanes, in order, then
 //! reduce the lanes by the tree `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`, which is what
 //! horizontal adds of eight keys at once produce; weighted values accumulate per element in
-//! key order, which vector lanes do unchanged. Neither uses fused multiply-adds.
+//! key order, which vector lanes do unchanged; the softmax takes its exponentials from
+//! [`exp_nonpositive`] (libm's `expf` has no vector twin with the same bits) and sums them the
+//! way the dot products sum lanes. Neither build uses fused multiply-adds.
 
 use super::kv_cache::KvRun;
 use crate::config::AttentionKind;
@@ -72,8 +74,8 @@ impl RowAttention<'_> {
         self.attend_rows::<true>(q, past, first_key, runs, scores, out);
     }
 
-    /// The kernel; `SIMD` selects the AVX2 dot products and weighted sums (the caller has
-    /// checked the CPU and the head size).
+    /// The kernel; `SIMD` selects the AVX2 dot products, softmax and weighted sums (the caller
+    /// has checked the CPU and the head size).
     #[inline(always)]
     fn attend_rows<const SIMD: bool>(
         &self,
