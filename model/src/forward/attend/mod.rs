@@ -11,7 +11,7 @@
 //! reduce the lanes by the tree `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`, which is what
 //! horizontal adds of eight keys at once produce; weighted values accumulate per element in
 //! key order, which vector lanes do unchanged; the softmax takes its exponentials from
-//! [`exp_nonpositive`] (libm's `expf` has no vector twin with the same bits) and sums them the
+//! `exp_nonpositive` (libm's `expf` has no vector twin with the same bits) and sums them the
 //! way the dot products sum lanes. Neither build uses fused multiply-adds.
 
 use super::kv_cache::KvRun;
