@@ -9,8 +9,9 @@
 //! - **seeded sampling without filters**: the best `gumbel.score` over all cards (lowest id on
 //!   ties) is exactly [`model::sampling::sample`]'s token, since every token's score depends only
 //!   on (seed, position, token id) and its logit;
-//! - **logprobs**: the global log-sum-exp is `logsumexp` of the cards' `log_sum_exp`, so any
-//!   candidate's log-probability is exact up to rounding;
+//! - **logprobs** (rows that ask for them; other rows skip the shard's log-sum-exp): the
+//!   global log-sum-exp is `logsumexp` of the cards' `log_sum_exp`, so any candidate's
+//!   log-probability is exact up to rounding;
 //! - **top-k** (k at most the candidates returned; a card returns at least `top_k`): exact,
 //!   the global top k is inside the union of every card's top k;
 //! - **min-p**: a card returns every token whose scaled logit is within `ln(min_p)` of its own
