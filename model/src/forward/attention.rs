@@ -101,20 +101,13 @@ impl AttentionBlock {
         if let Some(w) = &self.k_norm {
             k = rms_norm(&k, w, self.eps)?;
         }
-        // [n, heads, d] -> [1, heads, n, d] for candle's half-split rope kernel.
-        let rope = |x: Tensor| -> Result<Tensor> {
-            let x = x.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
-            Ok(candle_nn::rotary_emb::rope(&x, cos, sin)?.squeeze(0)?)
-        };
-        let q = rope(q)?;
-        let k = rope(k)?;
         // Host rows `[n, heads * d]` / `[n, kv_heads * d]`: what the cache stores and the row
-        // kernel reads.
-        let host_rows = |x: &Tensor| -> Result<Vec<f32>> {
-            to_f32_vec(&x.transpose(0, 1)?.contiguous()?.to_dtype(DType::F32)?)
-        };
-        let q_rows = host_rows(&q)?;
-        let k_rows = host_rows(&k)?;
+        // kernel reads, rotated in place (no transposes through `[1, heads, n, d]`).
+        let (cos_rows, sin_rows) = (to_f32_vec(cos)?, to_f32_vec(sin)?);
+        let mut q_rows = to_f32_vec(&q)?;
+        let mut k_rows = to_f32_vec(&k)?;
+        rope_rows(&mut q_rows, nh * d, d, &cos_rows, &sin_rows);
+        rope_rows(&mut k_rows, nkv * d, d, &cos_rows, &sin_rows);
         let v_rows = to_f32_vec(&v.contiguous()?.to_dtype(DType::F32)?)?;
         let (q_w, kv_w) = (nh * d, nkv * d);
         let rows = RowAttention {
@@ -160,7 +153,9 @@ impl AttentionBlock {
                         .contiguous()?)
                 };
                 let o = attention_core(
-                    &q.narrow(1, a, span.len)?.contiguous()?,
+                    &Tensor::from_slice(&q_rows[a * q_w..b * q_w], (span.len, nh, d), h.device())?
+                        .transpose(0, 1)?
+                        .contiguous()?,
                     &history(false)?,
                     &history(true)?,
                     span.past,
@@ -179,6 +174,27 @@ impl AttentionBlock {
 /// Spans of at most this many new tokens (decode, short chunks) take the row kernel; longer
 /// prompt chunks take the matmul path, where the matmul's throughput pays for its set-up.
 const ROW_KERNEL_MAX_QUERIES: usize = 4;
+
+/// RoPE in place on rows `[n, width]` of heads of `d` floats, with tables `[n, d / 2]`, by
+/// candle's half-split formula (`x1 cos - x2 sin`, `x1 sin + x2 cos`: the same operations in
+/// the same order, so the same bits as its kernel).
+fn rope_rows(rows: &mut [f32], width: usize, d: usize, cos: &[f32], sin: &[f32]) {
+    let half = d / 2;
+    for (t, row) in rows.chunks_exact_mut(width).enumerate() {
+        let (c, s) = (
+            &cos[t * half..(t + 1) * half],
+            &sin[t * half..(t + 1) * half],
+        );
+        for head in row.chunks_exact_mut(d) {
+            let (x1, x2) = head.split_at_mut(half);
+            for i in 0..half {
+                let (a, b) = (x1[i], x2[i]);
+                x1[i] = a * c[i] - b * s[i];
+                x2[i] = a * s[i] + b * c[i];
+            }
+        }
+    }
+}
 
 /// Grouped-query attention of one sequence: `q` `[heads, t, d]` at positions `past..past + t`
 /// against the sequence's whole history `k`, `v` (`[kv_heads, past + t, d]`). Returns
@@ -258,4 +274,48 @@ fn mask(
     Ok(Some(
         Tensor::from_vec(values, (t, keys), device)?.unsqueeze(0)?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The in-place rotation of host rows gives candle's rope kernel's bits.
+    #[test]
+    fn rope_rows_equal_candles_kernel() {
+        let (n, heads, d) = (5, 3, 8);
+        let values = |count: usize, seed: u64| -> Vec<f32> {
+            crate::kernels::tests::values(seed, count)
+                .into_iter()
+                .map(|x| x * 3.0)
+                .collect()
+        };
+        let x = values(n * heads * d, 1);
+        let (cos, sin) = (values(n * d / 2, 2), values(n * d / 2, 3));
+        let dev = Device::Cpu;
+        let cos_t = Tensor::from_slice(&cos, (n, d / 2), &dev).unwrap();
+        let sin_t = Tensor::from_slice(&sin, (n, d / 2), &dev).unwrap();
+        let xt = Tensor::from_slice(&x, (n, heads, d), &dev)
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        let want = to_f32_vec(
+            &candle_nn::rotary_emb::rope(&xt, &cos_t, &sin_t)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .transpose(0, 1)
+                .unwrap(),
+        )
+        .unwrap();
+        let mut got = x.clone();
+        rope_rows(&mut got, heads * d, d, &cos, &sin);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+        assert_ne!(got, x, "the rotation changed nothing");
+    }
 }
