@@ -11,6 +11,7 @@ use candle_core::Tensor;
 use model::config::FfnKind;
 use model::forward::attention::{KvCache, SeqSpan};
 use model::forward::moe::route;
+use model::forward::rope::RopeTables;
 use model::forward::{embed, ops};
 use proto::data::{self, Immediate, Kind, MessageMeta};
 
@@ -27,8 +28,8 @@ pub(super) struct MicroBatch {
     pub spans: Vec<SeqSpan>,
     /// Per row: the token's position (replica key, RoPE position).
     pub positions: Vec<usize>,
-    pub cos: Tensor,
-    pub sin: Tensor,
+    /// RoPE tables of its rows.
+    pub rope: RopeTables,
     /// Residual stream `[rows, hidden]`.
     pub x: Tensor,
     /// What this micro-batch waits for after its last dispatch.
@@ -134,10 +135,7 @@ impl DisaggregatedNode {
                     positions.extend(e.start..e.start + e.tokens.len());
                     tokens.extend_from_slice(&e.tokens);
                 }
-                let (cos, sin) = self
-                    .rope
-                    .tables(&positions, &self.device)
-                    .map_err(model_err)?;
+                let rope = self.rope.tables(&positions);
                 let rows =
                     embed(&self.embed, &tokens).map_err(|e| StepError::Invalid(e.to_string()))?;
                 let x =
@@ -147,8 +145,7 @@ impl DisaggregatedNode {
                     entries,
                     spans,
                     positions,
-                    cos,
-                    sin,
+                    rope,
                     x,
                     pending: None,
                 })
@@ -185,8 +182,7 @@ impl DisaggregatedNode {
                 layer,
                 &h,
                 &mb.spans,
-                &mb.cos,
-                &mb.sin,
+                &mb.rope,
                 &mut view as &mut dyn KvCache,
             )
             .map_err(model_err)?;

@@ -14,6 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use super::attend::RowAttention;
 pub use super::kv_cache::{ContiguousKvCache, KvCache, KvRun, SeqId};
 use super::ops::{rms_norm, to_f32_vec, vector};
+use super::rope::RopeTables;
 use crate::config::{AttentionKind, ModelConfig};
 use crate::error::Result;
 use crate::weights::{LayerWeights, Linear};
@@ -80,14 +81,13 @@ impl AttentionBlock {
     }
 
     /// Attention output (before the residual add) for normed hidden states `h` (`[tokens, hidden]`).
-    /// `cos`/`sin` are the RoPE tables of each row's position (`[tokens, head_dim / 2]`).
+    /// `rope` holds the RoPE tables of each row's position (`[tokens, head_dim / 2]`).
     pub fn forward(
         &self,
         layer: usize,
         h: &Tensor,
         spans: &[SeqSpan],
-        cos: &Tensor,
-        sin: &Tensor,
+        rope: &RopeTables,
         cache: &mut dyn KvCache,
     ) -> Result<Tensor> {
         let (n, _) = h.dims2()?;
@@ -103,11 +103,10 @@ impl AttentionBlock {
         }
         // Host rows `[n, heads * d]` / `[n, kv_heads * d]`: what the cache stores and the row
         // kernel reads, rotated in place (no transposes through `[1, heads, n, d]`).
-        let (cos_rows, sin_rows) = (to_f32_vec(cos)?, to_f32_vec(sin)?);
         let mut q_rows = to_f32_vec(&q)?;
         let mut k_rows = to_f32_vec(&k)?;
-        rope_rows(&mut q_rows, nh * d, d, &cos_rows, &sin_rows);
-        rope_rows(&mut k_rows, nkv * d, d, &cos_rows, &sin_rows);
+        rope_rows(&mut q_rows, nh * d, d, rope);
+        rope_rows(&mut k_rows, nkv * d, d, rope);
         let v_rows = to_f32_vec(&v.contiguous()?.to_dtype(DType::F32)?)?;
         let (q_w, kv_w) = (nh * d, nkv * d);
         let rows = RowAttention {
@@ -178,8 +177,8 @@ const ROW_KERNEL_MAX_QUERIES: usize = 4;
 /// RoPE in place on rows `[n, width]` of heads of `d` floats, with tables `[n, d / 2]`, by
 /// candle's half-split formula (`x1 cos - x2 sin`, `x1 sin + x2 cos`: the same operations in
 /// the same order, so the same bits as its kernel).
-fn rope_rows(rows: &mut [f32], width: usize, d: usize, cos: &[f32], sin: &[f32]) {
-    let half = d / 2;
+fn rope_rows(rows: &mut [f32], width: usize, d: usize, rope: &RopeTables) {
+    let (half, cos, sin) = (d / 2, &rope.cos, &rope.sin);
     for (t, row) in rows.chunks_exact_mut(width).enumerate() {
         let (c, s) = (
             &cos[t * half..(t + 1) * half],
@@ -313,7 +312,7 @@ mod tests {
         )
         .unwrap();
         let mut got = x.clone();
-        rope_rows(&mut got, heads * d, d, &cos, &sin);
+        rope_rows(&mut got, heads * d, d, &RopeTables { cos, sin });
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want));
         assert_ne!(got, x, "the rotation changed nothing");

@@ -188,7 +188,7 @@ impl ReferenceModel {
             tokens.extend_from_slice(&c.tokens);
         }
         let n = tokens.len();
-        let (cos, sin) = self.rope.tables(&positions, &self.device)?;
+        let rope = self.rope.tables(&positions);
         let mut x = Tensor::from_vec(
             embed(&self.weights.embed, &tokens)?,
             (n, hidden),
@@ -200,8 +200,7 @@ impl ReferenceModel {
                 l,
                 &h,
                 &spans,
-                &cos,
-                &sin,
+                &rope,
                 &mut self.cache as &mut dyn KvCache,
             )?;
             x = (x + attn)?;

@@ -1,9 +1,6 @@
 //! Rotary position embedding tables for arbitrary positions.
 
-use candle_core::{Device, Tensor};
-
 use crate::config::ModelConfig;
-use crate::error::Result;
 
 /// Inverse frequencies and the YaRN attention factor of a model.
 #[derive(Debug, Clone)]
@@ -28,8 +25,8 @@ impl Rope {
 
     /// `cos` and `sin` tables `[positions.len(), head_dim / 2]` for the given absolute positions,
     /// computed in f32 as transformers does: `freq = position * inv_freq`, then
-    /// `cos(freq) * attention_factor`.
-    pub fn tables(&self, positions: &[usize], device: &Device) -> Result<(Tensor, Tensor)> {
+    /// `cos(freq) * attention_factor`. Host rows: the attention block rotates host rows.
+    pub fn tables(&self, positions: &[usize]) -> RopeTables {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
@@ -40,9 +37,15 @@ impl Rope {
                 sin.push(angle.sin() * self.attention_factor);
             }
         }
-        Ok((
-            Tensor::from_vec(cos, (positions.len(), half), device)?,
-            Tensor::from_vec(sin, (positions.len(), half), device)?,
-        ))
+        RopeTables { cos, sin }
     }
+}
+
+/// The rotation of a step's rows: `[rows, head_dim / 2]` each, row-major.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RopeTables {
+    /// `cos(position * inv_freq) * attention_factor`.
+    pub cos: Vec<f32>,
+    /// `sin(position * inv_freq) * attention_factor`.
+    pub sin: Vec<f32>,
 }
