@@ -91,11 +91,7 @@ fn exp_nonpositive(x: __m256) -> __m256 {
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn softmax(scores: &mut [f32], sink: Option<f32>) {
-    let max = scores
-        .iter()
-        .copied()
-        .chain(sink)
-        .fold(f32::NEG_INFINITY, f32::max);
+    let max = super::softmax_max(scores, sink);
     let vmax = _mm256_set1_ps(max);
     let mut acc = _mm256_setzero_ps();
     let mut chunks = scores.chunks_exact_mut(8);

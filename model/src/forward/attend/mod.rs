@@ -108,36 +108,22 @@ impl RowAttention<'_> {
             for h in 0..self.heads {
                 let off = (h / group) * d;
                 let qh = &qi[h * d..(h + 1) * d];
+                let sink = self.sinks.map(|s| s[h]);
+                let oh = &mut oi[h * d..(h + 1) * d];
                 if SIMD {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: SIMD is only set by `attend_avx2`, whose caller checked AVX2 and
                     // that `d` is a multiple of 8.
                     unsafe {
-                        avx2::scaled_dots(qh, &positions, off, self.scale, scores)
-                    };
+                        avx2::scaled_dots(qh, &positions, off, self.scale, scores);
+                        avx2::softmax(scores, sink);
+                        avx2::weighted_sum(scores, &positions, off, oh);
+                    }
                 } else {
                     for (s, (k, _)) in scores.iter_mut().zip(&positions) {
                         *s = dot(qh, &k[off..off + d]) * self.scale;
                     }
-                }
-                let sink = self.sinks.map(|s| s[h]);
-                if SIMD {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    unsafe {
-                        avx2::softmax(scores, sink)
-                    };
-                } else {
                     softmax(scores, sink);
-                }
-                let oh = &mut oi[h * d..(h + 1) * d];
-                if SIMD {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    unsafe {
-                        avx2::weighted_sum(scores, &positions, off, oh)
-                    };
-                } else {
                     weighted_sum(scores, &positions, off, oh);
                 }
             }
@@ -150,11 +136,7 @@ impl RowAttention<'_> {
 /// in order) reduced by the dot products' tree.
 #[inline(always)]
 fn softmax(scores: &mut [f32], sink: Option<f32>) {
-    let max = scores
-        .iter()
-        .copied()
-        .chain(sink)
-        .fold(f32::NEG_INFINITY, f32::max);
+    let max = softmax_max(scores, sink);
     let mut lanes = [0f32; 8];
     for chunk in scores.chunks_mut(8) {
         for (s, l) in chunk.iter_mut().zip(lanes.iter_mut()) {
@@ -169,6 +151,16 @@ fn softmax(scores: &mut [f32], sink: Option<f32>) {
     for s in scores.iter_mut() {
         *s /= denom;
     }
+}
+
+/// The largest of the scores and the sink.
+#[inline(always)]
+fn softmax_max(scores: &[f32], sink: Option<f32>) -> f32 {
+    scores
+        .iter()
+        .copied()
+        .chain(sink)
+        .fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`.
