@@ -8,6 +8,9 @@
 
 use std::arch::x86_64::*;
 
+// The lane tree of the numerics definition (halves 8, 4, 2, 1) is the model kernels' tree.
+use model::kernels::fold_lanes_avx512 as fold;
+
 use super::kernel::{ROW_GROUP, TileView, block_bytes, block_place};
 
 /// How far ahead (bytes) the kernel prefetches a tile's weights.
@@ -82,17 +85,6 @@ unsafe fn block<const F: u8>(data: *const u8, scale: *const u8) -> (__m512, __m5
             }
         }
     }
-}
-
-/// The lane tree of the numerics definition: halves 8, 4, 2, 1.
-#[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
-#[inline]
-fn fold(acc: __m512) -> f32 {
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
-    let v8 = _mm256_add_ps(_mm512_castps512_ps256(acc), hi);
-    let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));
-    let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
-    _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)))
 }
 
 /// One register block: rows `r0..r0 + R`, tokens `t0..t0 + T`, every segment of the tile.

@@ -64,10 +64,14 @@ unsafe fn load_chunk<const F: u8>(row: RowPtr, k: usize) -> __m512 {
     }
 }
 
-/// The 16 lanes of `acc` folded by [`super::reduce`]'s halving tree (8, 4, 2, 1), in registers.
-#[target_feature(enable = "avx512f,avx512bw")]
+/// The 16 lanes of `acc` folded by [`super::reduce`]'s halving tree (8, 4, 2, 1), in registers
+/// (the Corsair executor's lane tree is the same and uses this too).
+///
+/// # Safety
+/// Callers without AVX-512F enabled must check that the CPU has it.
+#[target_feature(enable = "avx512f")]
 #[inline]
-fn fold(acc: __m512) -> f32 {
+pub fn fold(acc: __m512) -> f32 {
     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
     let v8 = _mm256_add_ps(_mm512_castps512_ps256(acc), high);
     let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));

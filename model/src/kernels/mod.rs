@@ -16,6 +16,8 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub use avx512::fold as fold_lanes_avx512;
 
 use crate::mxfp4;
 use crate::weights::WeightMatrix;
