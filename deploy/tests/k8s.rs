@@ -14,16 +14,10 @@ use serde_json::Value;
 
 mod common;
 
-use common::{AFD, tiny};
+use common::{AFD, afd_ok, tiny};
 
 fn afd_k8s(args: &[&str]) -> String {
-    let out = Command::new(AFD).arg("k8s").args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "afd k8s {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(afd_ok(|c| c.arg("k8s").args(args))).unwrap()
 }
 
 /// Every document of a YAML stream.

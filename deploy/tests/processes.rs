@@ -11,22 +11,16 @@ use gpu_attention::remote::RemoteNode;
 
 mod common;
 
-use common::{AFD, Proc, expected, fixture, free_port, greedy_requests};
+use common::{AFD, Proc, afd_ok, expected, fixture, free_port, greedy_requests};
 
 fn certs(dir: &Path, cards: usize) {
     let mut nodes = vec!["attn-0".to_owned()];
     nodes.extend((0..cards).map(|i| format!("card-{i}")));
-    let out = Command::new(AFD)
-        .args(["certs", "--out"])
-        .arg(dir)
-        .args(["--nodes", &nodes.join(",")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "afd certs: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    afd_ok(|c| {
+        c.args(["certs", "--out"])
+            .arg(dir)
+            .args(["--nodes", &nodes.join(",")])
+    });
 }
 
 fn card(id: usize, port: u16, certs: &Path, model: Option<&Path>) -> Proc {

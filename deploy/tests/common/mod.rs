@@ -20,6 +20,20 @@ impl Drop for Proc {
     }
 }
 
+/// Runs `afd ARGS...` to the end and returns its standard output; fails the test with the
+/// command's standard error when it does not succeed.
+pub fn afd_ok(configure: impl FnOnce(&mut Command) -> &mut Command) -> Vec<u8> {
+    let mut cmd = Command::new(AFD);
+    configure(&mut cmd);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// A loopback port free right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -81,21 +95,15 @@ pub fn generate_alone(
     max_tokens: usize,
 ) -> Vec<u64> {
     let ids: Vec<String> = prompt.iter().map(ToString::to_string).collect();
-    let out = Command::new(AFD)
-        .arg("generate")
-        .arg("--model")
-        .arg(model)
-        .args(["--ignore-eos", "--cards", &cards.to_string()])
-        .args(["--max-tokens", &max_tokens.to_string()])
-        .args(["--prompt-ids", &ids.join(",")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "afd generate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stdout = afd_ok(|c| {
+        c.arg("generate")
+            .arg("--model")
+            .arg(model)
+            .args(["--ignore-eos", "--cards", &cards.to_string()])
+            .args(["--max-tokens", &max_tokens.to_string()])
+            .args(["--prompt-ids", &ids.join(",")])
+    });
+    let v: serde_json::Value = serde_json::from_slice(&stdout).unwrap();
     v["output_ids"]
         .as_array()
         .unwrap()
