@@ -417,7 +417,6 @@ impl Executor {
             )));
         };
         let m = &self.program.matrices[*matrix as usize];
-        let max = self.program.max_tokens;
         let bias: Option<Vec<f32>> = match m.bias {
             Some(b) => Some(
                 self.resident(b)?
@@ -482,7 +481,7 @@ impl Executor {
                 // Row by row, so the writes run along `out` and the reads stay in a few lines.
                 OutLayout::RowMajor => {
                     for (i, row) in (band.start..band.end).enumerate() {
-                        for (t, o) in out[row * max..row * max + r].iter_mut().enumerate() {
+                        for (t, o) in out[row * r..(row + 1) * r].iter_mut().enumerate() {
                             *o = acc[t * stride + i];
                         }
                     }
@@ -548,8 +547,8 @@ impl Executor {
             .lm_head
             .clone()
             .ok_or_else(|| Error::Request("this card holds no LM-head rows".into()))?;
-        let (n, max, rows) = (call.tokens, self.program.max_tokens, lm.rows.len());
-        let lw = self.words(logits, 0, rows * max)?;
+        let (n, rows) = (call.tokens, lm.rows.len());
+        let lw = self.words(logits, 0, rows * n)?;
         let all = f32s(self.arena.get(lw)?);
         // `[token][vocab row]`: each token's logits contiguous. Reading `all` row by row keeps
         // the writes within `n` lines, where gathering a token's column would touch a line per
@@ -557,8 +556,8 @@ impl Executor {
         // set (shard widths are often a power of two).
         let stride = rows + 16;
         let mut by_token = vec![0f32; n * stride];
-        for (v, logits) in all.chunks_exact(max).take(rows).enumerate() {
-            for (t, &l) in logits[..n].iter().enumerate() {
+        for (v, logits) in all.chunks_exact(n.max(1)).take(rows).enumerate() {
+            for (t, &l) in logits.iter().enumerate() {
                 by_token[t * stride + v] = l;
             }
         }
@@ -575,7 +574,7 @@ impl Executor {
             None => (0..n).map(propose_row).collect(),
         };
         // The proposal buffer (what goes on the wire): per token, the first candidates that fit.
-        let per = (self.program.region(dst).bytes as usize / 4) / max;
+        let per = (self.program.region(dst).bytes as usize / 4) / self.program.max_tokens;
         let ow = self.words(dst, 0, n * per)?;
         let ([], [out]) = self.arena.split([], [ow])?;
         out.fill(0);
@@ -605,10 +604,10 @@ impl Executor {
             .lm_head
             .as_ref()
             .ok_or_else(|| Error::Request("this card holds no LM-head rows".into()))?;
-        let (max, rows) = (self.program.max_tokens, lm.rows.len());
-        let all = f32s(self.arena.get(self.words(lm.logits, 0, rows * max)?)?);
+        let rows = lm.rows.len();
+        let all = f32s(self.arena.get(self.words(lm.logits, 0, rows * n)?)?);
         Ok((0..n)
-            .flat_map(|t| (0..rows).map(move |v| all[v * max + t]))
+            .flat_map(|t| (0..rows).map(move |v| all[v * n + t]))
             .collect())
     }
 }

@@ -242,7 +242,9 @@ pub enum RowCount {
 pub enum OutLayout {
     /// `out[t * matrix.rows + n]`.
     TokenMajor,
-    /// `out[n * max_tokens + t]` (LM-head logits: a chunk of rows is one contiguous range).
+    /// `out[n * tokens + t]`, where `tokens` is the call's token count (LM-head logits: a
+    /// chunk of rows is one contiguous range, and a call with fewer tokens than the program's
+    /// maximum keeps its logits compact instead of spreading them over the whole region).
     RowMajor,
 }
 
