@@ -11,7 +11,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::attend::RowAttention;
+use super::attend::{RowAttention, SpanQueries};
 pub use super::kv_cache::{ContiguousKvCache, KvCache, KvRun, SeqId};
 use super::ops::{rms_norm, to_f32_vec, vector};
 use super::rope::RopeTables;
@@ -137,8 +137,13 @@ impl AttentionBlock {
                 };
                 let mut runs = Vec::new();
                 cache.history(layer, span.seq, first_key..total, &mut runs)?;
-                let q_span = &q_rows[a * q_w..b * q_w];
-                rows.attend(q_span, span.past, first_key, &runs, &mut scores, out_rows);
+                let queries = SpanQueries {
+                    q: &q_rows[a * q_w..b * q_w],
+                    past: span.past,
+                    first_key,
+                    runs: &runs,
+                };
+                rows.attend(queries, &mut scores, out_rows);
             } else {
                 let mut runs = Vec::new();
                 cache.history(layer, span.seq, 0..total, &mut runs)?;

@@ -37,41 +37,37 @@ pub struct RowAttention<'a> {
 /// A position's key and value rows (every KV head).
 type KvRow<'r> = (&'r [f32], &'r [f32]);
 
+/// One sequence's new queries and the history they attend to.
+#[derive(Debug, Clone, Copy)]
+pub struct SpanQueries<'a> {
+    /// Query rows `[t, heads * head_dim]`, at positions `past..past + t`.
+    pub q: &'a [f32],
+    /// Position of the first query.
+    pub past: usize,
+    /// The earliest position any query may see (where `runs` start).
+    pub first_key: usize,
+    /// Keys and values of positions `first_key..past + t`, in order.
+    pub runs: &'a [KvRun<'a>],
+}
+
 impl RowAttention<'_> {
-    /// Attention output `[t, heads * head_dim]` into `out` for queries `q` (`[t, heads *
-    /// head_dim]`) at positions `past..past + t`. `runs` hold the keys and values of positions
-    /// `first_key..past + t` in order, where `first_key` is the earliest any query may see.
-    pub fn attend(
-        &self,
-        q: &[f32],
-        past: usize,
-        first_key: usize,
-        runs: &[KvRun<'_>],
-        scores: &mut Vec<f32>,
-        out: &mut [f32],
-    ) {
+    /// Attention output `[t, heads * head_dim]` of `span`'s queries into `out`; `scores` is
+    /// scratch space reused across calls.
+    pub fn attend(&self, span: SpanQueries<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.head_dim.is_multiple_of(8) && std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 and the head size is a multiple of 8, checked above.
-            return unsafe { self.attend_avx2(q, past, first_key, runs, scores, out) };
+            return unsafe { self.attend_avx2(span, scores, out) };
         }
-        self.attend_rows::<false>(q, past, first_key, runs, scores, out);
+        self.attend_rows::<false>(span, scores, out);
     }
 
     /// # Safety
     /// The CPU must support AVX2 and `head_dim` must be a multiple of 8.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn attend_avx2(
-        &self,
-        q: &[f32],
-        past: usize,
-        first_key: usize,
-        runs: &[KvRun<'_>],
-        scores: &mut Vec<f32>,
-        out: &mut [f32],
-    ) {
-        self.attend_rows::<true>(q, past, first_key, runs, scores, out);
+    unsafe fn attend_avx2(&self, span: SpanQueries<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+        self.attend_rows::<true>(span, scores, out);
     }
 
     /// The kernel; `SIMD` selects the AVX2 dot products, softmax and weighted sums (the caller
@@ -79,13 +75,16 @@ impl RowAttention<'_> {
     #[inline(always)]
     fn attend_rows<const SIMD: bool>(
         &self,
-        q: &[f32],
-        past: usize,
-        first_key: usize,
-        runs: &[KvRun<'_>],
+        span: SpanQueries<'_>,
         scores: &mut Vec<f32>,
         out: &mut [f32],
     ) {
+        let SpanQueries {
+            q,
+            past,
+            first_key,
+            runs,
+        } = span;
         let (d, kv_w) = (self.head_dim, self.kv_heads * self.head_dim);
         let group = (self.heads / self.kv_heads.max(1)).max(1);
         let q_w = self.heads * d;
@@ -310,8 +309,14 @@ mod tests {
                 let past = keys - t;
                 let mut fast = vec![0f32; t * heads * d];
                 let mut portable = fast.clone();
-                rows.attend(&q, past, 0, &runs, &mut Vec::new(), &mut fast);
-                rows.attend_rows::<false>(&q, past, 0, &runs, &mut Vec::new(), &mut portable);
+                let span = SpanQueries {
+                    q: &q,
+                    past,
+                    first_key: 0,
+                    runs: &runs,
+                };
+                rows.attend(span, &mut Vec::new(), &mut fast);
+                rows.attend_rows::<false>(span, &mut Vec::new(), &mut portable);
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&fast),
@@ -384,7 +389,13 @@ mod tests {
                         sinks: with_sinks.then_some(&sinks[..]),
                     };
                     let mut out = vec![0f32; t * heads * d];
-                    rows.attend(&q, past, first_key, &runs, &mut Vec::new(), &mut out);
+                    let span = SpanQueries {
+                        q: &q,
+                        past,
+                        first_key,
+                        runs: &runs,
+                    };
+                    rows.attend(span, &mut Vec::new(), &mut out);
 
                     let qt = Tensor::from_slice(&q, (t, heads, d), &dev)
                         .unwrap()
