@@ -9,7 +9,7 @@
 //! the [`KvCache`] trait so that the attention node can use a paged cache while the reference
 //! uses a contiguous one.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use super::attend::{RowAttention, SpanQueries};
 pub use super::kv_cache::{ContiguousKvCache, KvCache, KvRun, SeqId};
@@ -107,7 +107,7 @@ impl AttentionBlock {
         let mut k_rows = to_f32_vec(&k)?;
         rope_rows(&mut q_rows, nh * d, d, rope);
         rope_rows(&mut k_rows, nkv * d, d, rope);
-        let v_rows = to_f32_vec(&v.contiguous()?.to_dtype(DType::F32)?)?;
+        let v_rows = to_f32_vec(&v)?;
         let (q_w, kv_w) = (nh * d, nkv * d);
         let rows = RowAttention {
             heads: nh,
@@ -167,7 +167,7 @@ impl AttentionBlock {
                     self.sinks.as_ref(),
                     self.scale,
                 )?;
-                out_rows.copy_from_slice(&to_f32_vec(&o.to_dtype(DType::F32)?)?);
+                out_rows.copy_from_slice(&to_f32_vec(&o)?);
             }
         }
         let o = Tensor::from_vec(out, (n, q_w), h.device())?.to_dtype(h.dtype())?;
