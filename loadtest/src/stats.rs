@@ -72,6 +72,16 @@ pub fn percentile_sorted(sorted: &[f64], p: f64) -> f64 {
     }
 }
 
+/// Median of a list in any order (numpy's linear interpolation); `None` when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    Some(percentile_sorted(&sorted, 50.0))
+}
+
 /// How vLLM spells a percentile in field names: `99`, `99.9`.
 pub fn percentile_word(p: f64) -> String {
     if p.fract() == 0.0 {

@@ -107,10 +107,9 @@ fn cluster_flags(args: &Args) -> Vec<String> {
     }
 }
 
-/// The median of `xs` (the upper one of an even count); NaN when empty.
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
+/// The median of `xs` (loadtest's, as `compare` reports it); NaN when empty.
+fn median(xs: Vec<f64>) -> f64 {
+    loadtest::stats::median(&xs).unwrap_or(f64::NAN)
 }
 
 /// Seconds `afd generate` takes for `max_tokens` tokens (median of `repeats` runs).

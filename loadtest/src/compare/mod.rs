@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::Error;
-use crate::stats::percentile_sorted;
+use crate::stats::median;
 
 pub use plot::{ComparePlot, draw as draw_plot};
 pub use read::{InputSpec, read_inputs};
@@ -148,16 +148,6 @@ pub struct Comparison {
     pub concurrencies: Vec<usize>,
     /// Variants in the order they were first given.
     pub variants: Vec<VariantSeries>,
-}
-
-/// Median of a non-empty list (numpy's linear interpolation); `None` when empty.
-fn median(values: &[f64]) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    Some(percentile_sorted(&sorted, 50.0))
 }
 
 fn aggregate(concurrency: usize, runs: &[&PointMetrics]) -> AggregatePoint {
