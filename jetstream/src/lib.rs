@@ -133,7 +133,8 @@ pub use error::{Error, Result};
 pub use inproc::{InprocFabric, InprocTransport};
 pub use quic::{QuicConfig, QuicTransport, QuicTuning};
 pub use region::{
-    Completion, Region, RegionConfig, RegionDescriptor, RegionId, RegionView, RegionViewMut,
+    Completion, CompletionProbe, Region, RegionConfig, RegionDescriptor, RegionId, RegionView,
+    RegionViewMut,
 };
 pub use ticket::{WriteReceipt, WriteTicket};
 pub use transport::{BoxFuture, Channel, Limits, Transport, WriteRequest, validate_node_name};

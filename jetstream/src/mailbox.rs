@@ -90,6 +90,11 @@ impl<T> Mailbox<T> {
         self.notify.notify_one();
     }
 
+    /// `f` of the oldest item, left in place.
+    pub(crate) fn peek<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        self.lock().items.front().map(f)
+    }
+
     pub(crate) fn try_pop(&self) -> Result<Option<T>, PopError> {
         let mut state = self.lock();
         match state.items.pop_front() {

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedRwLockMappedWriteGuard, OwnedRwLockReadGuard, OwnedRwLockWriteGuard};
@@ -88,6 +88,9 @@ pub struct Completion {
     pub len: u64,
     /// The writer's immediate value.
     pub immediate: u64,
+    /// When the last byte landed (a receive timestamp, as a NIC puts on its completions):
+    /// consumers of several regions use it to serve their work in arrival order.
+    pub landed: Instant,
 }
 
 impl Completion {
@@ -174,6 +177,7 @@ impl Landing {
             offset: header.offset,
             len: u64::from(header.len),
             immediate: header.immediate,
+            landed: Instant::now(),
         });
     }
 }
@@ -415,6 +419,35 @@ impl Region {
             .completions
             .try_pop()
             .map_err(|_| Error::Closed { what: "region" })
+    }
+
+    /// A handle that shows, from any thread, when this region's oldest queued completion
+    /// landed; it neither pops nor keeps the region registered.
+    pub fn probe(&self) -> CompletionProbe {
+        CompletionProbe {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// See [`Region::probe`].
+#[derive(Clone)]
+pub struct CompletionProbe {
+    shared: Arc<RegionShared>,
+}
+
+impl std::fmt::Debug for CompletionProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionProbe")
+            .field("region", &self.shared.id)
+            .finish()
+    }
+}
+
+impl CompletionProbe {
+    /// When the oldest completion still queued landed; `None` when none is queued.
+    pub fn oldest_landed(&self) -> Option<Instant> {
+        self.shared.completions.peek(|c| c.landed)
     }
 }
 

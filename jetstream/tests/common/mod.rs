@@ -120,9 +120,13 @@ pub async fn ordering(attn: &dyn Transport, card: &dyn Transport) {
             .unwrap(),
         );
     }
+    let mut landed = None;
     for expected in 0..count {
         let done = inbox.next_completion_timeout(WAIT).await.unwrap();
         assert_eq!((done.immediate, done.channel), (expected, 3));
+        // Receive timestamps follow landing order.
+        assert!(landed.is_none_or(|t| done.landed >= t));
+        landed = Some(done.landed);
     }
     for ticket in tickets {
         ticket.wait().await.unwrap();
@@ -133,6 +137,23 @@ pub async fn ordering(attn: &dyn Transport, card: &dyn Transport) {
         &*inbox.read(0..last_len).await.unwrap(),
         &pattern(last_len, last as u8)[..]
     );
+    // The probe shows the oldest queued completion without taking it.
+    let probe = inbox.probe();
+    assert_eq!(probe.oldest_landed(), None);
+    for index in [count, count + 1] {
+        attn.post_write(WriteRequest::new(&descriptor, 0, pattern(16, 1)).immediate(index))
+            .await
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+    }
+    let oldest = probe.oldest_landed().expect("two completions are queued");
+    let first = inbox.next_completion_timeout(WAIT).await.unwrap();
+    assert_eq!((first.immediate, first.landed), (count, oldest));
+    let second = inbox.next_completion_timeout(WAIT).await.unwrap();
+    assert_eq!(probe.oldest_landed(), None);
+    assert!(second.landed >= first.landed);
 }
 
 /// Refused writes fail cleanly with the right error, land nothing, and do not disturb the
