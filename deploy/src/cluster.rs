@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use corsair_ffn::assignment::{ExpertReplica, LayerShare};
-use corsair_ffn::service::{CardHost, CardHostConfig, DataPlane, model_fingerprint};
+use corsair_ffn::service::{CardHost, CardHostConfig, CpuTurns, DataPlane, model_fingerprint};
 use corsair_ffn::{
     CardAssignment, ExecOptions, FormatChoice, HardwareProfile, PlacementOptions, plan_placement,
 };
@@ -334,6 +334,13 @@ impl EmbeddedCluster {
             ))?))
         };
         let mut cards = Vec::with_capacity(config.cards);
+        let exec = ExecOptions {
+            threads: config.card_threads,
+            cpu_mask: config.card_cpu_mask,
+            ..ExecOptions::default()
+        };
+        // The cards are threads of this process: they take turns on the CPUs they may use.
+        let cpu_turns = CpuTurns::for_cards(&exec);
         for i in 0..config.cards {
             let plane = match config.transport {
                 TransportKind::Quic => DataPlane::Quic(quic(&card_name(i))?),
@@ -345,11 +352,8 @@ impl EmbeddedCluster {
                 index: i,
                 model: None,
                 profile: config.profile.clone(),
-                exec: ExecOptions {
-                    threads: config.card_threads,
-                    cpu_mask: config.card_cpu_mask,
-                    ..ExecOptions::default()
-                },
+                exec,
+                cpu_turns: Some(cpu_turns.clone()),
             };
             cards.push(Arc::new(CardHost::new(
                 host,

@@ -6,8 +6,11 @@
 //! as the tonic `Card` service for multi-process deployments, and embedded deployments call it
 //! directly.
 
+mod cpu_turns;
 pub mod grpc;
 mod worker;
+
+pub use cpu_turns::CpuTurns;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -58,6 +61,9 @@ pub struct CardHostConfig {
     pub profile: HardwareProfile,
     /// Executor threads and kernel.
     pub exec: ExecOptions,
+    /// The CPUs this card shares with other cards of the same process, served in the order
+    /// their messages land ([`CpuTurns`]); `None` when it has them to itself (a card process).
+    pub cpu_turns: Option<Arc<CpuTurns>>,
 }
 
 /// The card's data plane: QUIC, or the in-process twin.
@@ -309,6 +315,11 @@ impl CardHost {
                 .grant(req.attention_node.clone()),
         )?;
         let descriptor = inbox.descriptor();
+        let turns = self
+            .config
+            .cpu_turns
+            .as_ref()
+            .map(|t| t.join(inbox.probe()));
         let worker = worker::Worker {
             card_index: self.config.index,
             shard,
@@ -323,6 +334,7 @@ impl CardHost {
             transport: self.transport.clone(),
             runtime: self.runtime.clone(),
             stop: self.stop.clone(),
+            turns,
         };
         let name = format!("card-{}-worker", self.config.index);
         let mask = self.config.exec.cpu_mask;

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use jetstream::{Region, RegionDescriptor, Transport, WriteRequest};
 use proto::data::{self, Candidate, Immediate, Kind, MessageMeta, Proposal};
 
+use super::cpu_turns::TurnMember;
 use super::{Shard, timed};
 use crate::executor::Slot;
 use crate::lm_head::{LmProposal, RowSampling};
@@ -28,6 +29,8 @@ pub(crate) struct Worker {
     pub transport: Arc<dyn Transport>,
     pub runtime: tokio::runtime::Handle,
     pub stop: Arc<AtomicBool>,
+    /// This worker's place among the cards sharing its CPUs, if any.
+    pub turns: Option<TurnMember>,
 }
 
 impl Worker {
@@ -42,6 +45,14 @@ impl Worker {
                 }
             };
             let immediate = Immediate::unpack(completion.immediate);
+            // Where cards share CPUs, wait for this message's turn (see `CpuTurns`).
+            let turn = match &self.turns {
+                Some(member) => match member.wait(completion.landed, &self.stop) {
+                    Some(turn) => Some(turn),
+                    None => return,
+                },
+                None => None,
+            };
             // Decode under the view, then release it before computing so the other
             // micro-batch's message can land meanwhile.
             let decoded = match self.inbox.read_blocking(completion.range()) {
@@ -55,6 +66,7 @@ impl Worker {
                 Err(e) => Err(format!("cannot read the inbox: {e}")),
             };
             let reply = decoded.and_then(|r| self.compute(r));
+            drop(turn);
             let bytes = match reply {
                 Ok(bytes) => bytes,
                 Err(message) => {

@@ -78,6 +78,8 @@ pub fn run(args: CardArgs) -> anyhow::Result<()> {
                 threads: args.card_threads,
                 ..ExecOptions::default()
             },
+            // One card per process: its CPUs are its own.
+            cpu_turns: None,
         },
         DataPlane::Quic(transport),
         runtime.handle().clone(),

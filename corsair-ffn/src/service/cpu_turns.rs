@@ -1,0 +1,314 @@
+//! Turns on the CPUs that several simulated cards of one process share, served in the order
+//! their work landed.
+//!
+//! Real cards compute side by side, so the work dispatched first finishes first on every card.
+//! When a small host runs more card workers than it has CPUs, the OS scheduler instead lets a
+//! worker that just finished one message run straight on into its next, ahead of older
+//! messages other workers have not yet been scheduled to pick up. In the micro-batched
+//! pipeline that delays every card's reply for the first micro-batch until nearly the whole
+//! layer is done, and the cards then sit idle while the attention node catches up. Taking
+//! turns in landing order (JetStream's receive timestamps) restores the devices' order.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use jetstream::CompletionProbe;
+
+use crate::executor::ExecOptions;
+
+/// How often a waiting worker checks whether it should stop.
+const POLL: Duration = Duration::from_millis(200);
+
+/// The CPUs shared by a process's card workers; see the module docs.
+#[derive(Debug)]
+pub struct CpuTurns {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Turns not taken (one per CPU).
+    free: usize,
+    members: Vec<Member>,
+    next_id: u64,
+}
+
+#[derive(Debug)]
+struct Member {
+    id: u64,
+    /// The member's inbox, for messages it has not picked up yet.
+    inbox: CompletionProbe,
+    /// Landing time of the message it picked up and waits to compute.
+    waiting: Option<Instant>,
+}
+
+impl CpuTurns {
+    /// Turns for `cpus` CPUs (at least 1).
+    pub fn new(cpus: usize) -> Arc<Self> {
+        Arc::new(CpuTurns {
+            state: Mutex::new(State {
+                free: cpus.max(1),
+                members: Vec::new(),
+                next_id: 0,
+            }),
+            changed: Condvar::new(),
+        })
+    }
+
+    /// Turns for cards of `exec.threads` executor threads each (0: every core) on the CPUs
+    /// of `exec.cpu_mask` (0: every CPU of the host): one turn per whole card's worth.
+    pub fn for_cards(exec: &ExecOptions) -> Arc<Self> {
+        let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpus = match exec.cpu_mask.count_ones() {
+            0 => host,
+            n => n as usize,
+        };
+        let per_card = match exec.threads {
+            0 => cpus,
+            n => n,
+        };
+        Self::new(cpus / per_card)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state whole, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Joins a worker whose messages land in the region behind `inbox`.
+    pub fn join(self: &Arc<Self>, inbox: CompletionProbe) -> TurnMember {
+        let mut state = self.lock();
+        let id = state.next_id;
+        state.next_id += 1;
+        state.members.push(Member {
+            id,
+            inbox,
+            waiting: None,
+        });
+        TurnMember {
+            turns: self.clone(),
+            id,
+        }
+    }
+}
+
+impl State {
+    /// Whether member `id`, holding a message that landed at `landed`, goes next: a CPU is
+    /// free and no other member holds or has queued an older message (ties go to the lower id).
+    fn may_start(&self, id: u64, landed: Instant) -> bool {
+        self.free > 0
+            && self.members.iter().filter(|m| m.id != id).all(|m| {
+                let older = |t: Instant| t < landed || (t == landed && m.id < id);
+                !m.waiting.is_some_and(older) && !m.inbox.oldest_landed().is_some_and(older)
+            })
+    }
+
+    fn member(&mut self, id: u64) -> Option<&mut Member> {
+        self.members.iter_mut().find(|m| m.id == id)
+    }
+}
+
+/// One worker's membership; leaving (drop) lets the others stop waiting for its inbox.
+#[derive(Debug)]
+pub struct TurnMember {
+    turns: Arc<CpuTurns>,
+    id: u64,
+}
+
+impl TurnMember {
+    /// Waits for this worker's turn to compute a message that landed at `landed`; `None` when
+    /// `stop` was raised meanwhile.
+    pub fn wait(&self, landed: Instant, stop: &AtomicBool) -> Option<Turn<'_>> {
+        let turns = &self.turns;
+        let mut state = turns.lock();
+        if let Some(m) = state.member(self.id) {
+            m.waiting = Some(landed);
+        }
+        while !state.may_start(self.id, landed) {
+            if stop.load(Ordering::SeqCst) {
+                if let Some(m) = state.member(self.id) {
+                    m.waiting = None;
+                }
+                turns.changed.notify_all();
+                return None;
+            }
+            // A timeout also re-reads the other inboxes: a message that lands elsewhere only
+            // ever makes this worker wait longer, so nothing needs to wake it then.
+            state = turns
+                .changed
+                .wait_timeout(state, POLL)
+                .map(|(s, _)| s)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        state.free -= 1;
+        if let Some(m) = state.member(self.id) {
+            m.waiting = None;
+        }
+        // Others may now be next in line.
+        turns.changed.notify_all();
+        Some(Turn { member: self })
+    }
+}
+
+impl Drop for TurnMember {
+    fn drop(&mut self) {
+        let mut state = self.turns.lock();
+        state.members.retain(|m| m.id != self.id);
+        self.turns.changed.notify_all();
+    }
+}
+
+/// A CPU held for one message's compute; given back on drop.
+#[derive(Debug)]
+pub struct Turn<'a> {
+    member: &'a TurnMember,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let turns = &self.member.turns;
+        turns.lock().free += 1;
+        turns.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use jetstream::{InprocFabric, InprocTransport, Region, RegionConfig, Transport, WriteRequest};
+
+    use super::*;
+
+    /// How long a worker that must wait is watched to see that it does.
+    const BLOCKED: Duration = Duration::from_millis(150);
+    const WAIT: Duration = Duration::from_secs(10);
+
+    struct Fixture {
+        runtime: tokio::runtime::Runtime,
+        node: InprocTransport,
+        _cards: InprocTransport,
+        inboxes: Vec<Region>,
+    }
+
+    /// `cards` inboxes on one card endpoint, written by the endpoint `node`.
+    fn fixture(cards: usize) -> Fixture {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let fabric = InprocFabric::new();
+        let node = fabric.endpoint("node").expect("node endpoint");
+        let card = fabric.endpoint("cards").expect("card endpoint");
+        let inboxes = (0..cards)
+            .map(|_| {
+                card.register(RegionConfig::new(64).grant("node"))
+                    .expect("inbox")
+            })
+            .collect();
+        Fixture {
+            runtime,
+            node,
+            _cards: card,
+            inboxes,
+        }
+    }
+
+    impl Fixture {
+        /// Lands one message in inbox `i`; its completion stays queued there.
+        fn land(&self, i: usize) {
+            let to = self.inboxes[i].descriptor();
+            let write = WriteRequest::new(&to, 0, bytes::Bytes::from_static(&[1; 8]));
+            self.runtime
+                .block_on(async { self.node.post_write(write).await?.wait().await })
+                .expect("the write lands");
+        }
+    }
+
+    #[test]
+    fn the_oldest_message_goes_first_on_one_cpu() {
+        let f = fixture(2);
+        let turns = CpuTurns::new(1);
+        let (a, b) = (
+            turns.join(f.inboxes[0].probe()),
+            turns.join(f.inboxes[1].probe()),
+        );
+        // Card 1's message lands first, card 0's second.
+        f.land(1);
+        f.land(0);
+        let stop = AtomicBool::new(false);
+        let (done, order) = mpsc::channel();
+        let late = f.inboxes[0]
+            .next_completion_blocking(WAIT)
+            .expect("card 0's message");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let turn = a.wait(late.landed, &stop).expect("a turn");
+                done.send(0).expect("report");
+                drop(turn);
+            });
+            // Card 0 must wait for card 1's older message, although card 1 has not even
+            // picked it up yet.
+            assert!(order.recv_timeout(BLOCKED).is_err(), "card 0 went first");
+            let early = f.inboxes[1]
+                .next_completion_blocking(WAIT)
+                .expect("card 1's message");
+            assert!(early.landed <= late.landed);
+            let turn = b.wait(early.landed, &stop).expect("a turn");
+            // One CPU: card 0 waits until card 1 gives its turn back.
+            assert!(order.recv_timeout(BLOCKED).is_err(), "two turns on one CPU");
+            drop(turn);
+            assert_eq!(order.recv_timeout(WAIT), Ok(0));
+        });
+    }
+
+    #[test]
+    fn as_many_turns_run_at_once_as_there_are_cpus() {
+        let f = fixture(2);
+        let turns = CpuTurns::new(2);
+        let members: Vec<TurnMember> = f.inboxes.iter().map(|r| turns.join(r.probe())).collect();
+        f.land(0);
+        f.land(1);
+        let stop = AtomicBool::new(false);
+        let first = f.inboxes[0].next_completion_blocking(WAIT).expect("first");
+        let second = f.inboxes[1].next_completion_blocking(WAIT).expect("second");
+        let one = members[0].wait(first.landed, &stop).expect("a turn");
+        let two = members[1].wait(second.landed, &stop).expect("a second CPU");
+        drop((one, two));
+    }
+
+    #[test]
+    fn a_worker_that_leaves_or_a_stop_releases_the_waiting() {
+        let f = fixture(2);
+        let turns = CpuTurns::new(1);
+        let waiting = turns.join(f.inboxes[0].probe());
+        let gone = turns.join(f.inboxes[1].probe());
+        f.land(1);
+        f.land(0);
+        let late = f.inboxes[0].next_completion_blocking(WAIT).expect("late");
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| waiting.wait(late.landed, &stop).is_some());
+            std::thread::sleep(BLOCKED);
+            assert!(!waiter.is_finished(), "went ahead of an older message");
+            // The worker holding the older message stops for good.
+            drop(gone);
+            assert!(waiter.join().expect("no panic"), "still waiting");
+        });
+        // A worker kept waiting by a message nobody takes gives up when told to stop.
+        let stuck = turns.join(f.inboxes[1].probe());
+        f.land(1);
+        f.land(0);
+        let late = f.inboxes[0].next_completion_blocking(WAIT).expect("late");
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| waiting.wait(late.landed, &stop).is_none());
+            std::thread::sleep(BLOCKED);
+            assert!(!waiter.is_finished(), "went ahead of an older message");
+            stop.store(true, Ordering::SeqCst);
+            assert!(waiter.join().expect("no panic"), "a turn after the stop");
+        });
+        drop(stuck);
+    }
+}
