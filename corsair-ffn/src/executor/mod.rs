@@ -458,10 +458,14 @@ impl Executor {
                     } else if ns == 1 {
                         acc.iter_mut().zip(block).for_each(|(y, q)| *y += q);
                     } else {
+                        // Summed in a register, in segment order: the same additions as
+                        // `*y += q` per segment, without a store and reload per term.
                         for (y, segs) in acc.iter_mut().zip(block.chunks_exact(ns)) {
-                            for (j, &q) in segs.iter().enumerate() {
-                                *y = if i == 0 && j == 0 { q } else { *y + q };
+                            let mut v = if i == 0 { segs[0] } else { *y + segs[0] };
+                            for &q in &segs[1..] {
+                                v += q;
                             }
+                            *y = v;
                         }
                     }
                 }
