@@ -42,6 +42,8 @@ struct Member {
     inbox: CompletionProbe,
     /// Landing time of the message it picked up and waits to compute.
     waiting: Option<Instant>,
+    /// Whether it holds a turn.
+    running: bool,
 }
 
 impl CpuTurns {
@@ -86,6 +88,7 @@ impl CpuTurns {
             id,
             inbox,
             waiting: None,
+            running: false,
         });
         TurnMember {
             turns: self.clone(),
@@ -95,14 +98,25 @@ impl CpuTurns {
 }
 
 impl State {
-    /// Whether member `id`, holding a message that landed at `landed`, goes next: a CPU is
-    /// free and no other member holds or has queued an older message (ties go to the lower id).
+    /// Whether member `id`, holding a message that landed at `landed`, goes next: fewer
+    /// members than there are free CPUs have an older message ready to start (held while
+    /// waiting for a turn, or queued in the inbox of a member not computing; ties go to the
+    /// lower id). A member computing cannot take a free CPU, so its queued work does not
+    /// hold others back.
     fn may_start(&self, id: u64, landed: Instant) -> bool {
-        self.free > 0
-            && self.members.iter().filter(|m| m.id != id).all(|m| {
+        let older_ready = self
+            .members
+            .iter()
+            .filter(|m| m.id != id && !m.running)
+            .filter(|m| {
                 let older = |t: Instant| t < landed || (t == landed && m.id < id);
-                !m.waiting.is_some_and(older) && !m.inbox.oldest_landed().is_some_and(older)
+                match m.waiting {
+                    Some(t) => older(t),
+                    None => m.inbox.oldest_landed().is_some_and(older),
+                }
             })
+            .count();
+        older_ready < self.free
     }
 
     fn member(&mut self, id: u64) -> Option<&mut Member> {
@@ -145,6 +159,7 @@ impl TurnMember {
         state.free -= 1;
         if let Some(m) = state.member(self.id) {
             m.waiting = None;
+            m.running = true;
         }
         // Others may now be next in line.
         turns.changed.notify_all();
@@ -169,7 +184,11 @@ pub struct Turn<'a> {
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         let turns = &self.member.turns;
-        turns.lock().free += 1;
+        let mut state = turns.lock();
+        state.free += 1;
+        if let Some(m) = state.member(self.member.id) {
+            m.running = false;
+        }
         turns.changed.notify_all();
     }
 }
@@ -277,6 +296,36 @@ mod tests {
         let one = members[0].wait(first.landed, &stop).expect("a turn");
         let two = members[1].wait(second.landed, &stop).expect("a second CPU");
         drop((one, two));
+    }
+
+    #[test]
+    fn work_queued_behind_a_computing_card_does_not_hold_a_free_cpu() {
+        let f = fixture(2);
+        let turns = CpuTurns::new(2);
+        let (a, b) = (
+            turns.join(f.inboxes[0].probe()),
+            turns.join(f.inboxes[1].probe()),
+        );
+        let stop = AtomicBool::new(false);
+        f.land(1);
+        let first = f.inboxes[1].next_completion_blocking(WAIT).expect("first");
+        let computing = b.wait(first.landed, &stop).expect("a turn");
+        // Card 1 queues an older message than card 0's while it computes: only card 1 can
+        // take it, and not before it is done, so card 0 takes the free CPU.
+        f.land(1);
+        f.land(0);
+        let late = f.inboxes[0].next_completion_blocking(WAIT).expect("late");
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| a.wait(late.landed, &stop).is_some());
+            std::thread::sleep(BLOCKED);
+            let went = waiter.is_finished();
+            stop.store(true, Ordering::SeqCst);
+            assert!(
+                went && waiter.join().expect("no panic"),
+                "card 0 left a CPU idle"
+            );
+        });
+        drop(computing);
     }
 
     #[test]
