@@ -36,6 +36,27 @@ pub static SCALE_LUT: [f32; 256] = {
     t
 };
 
+/// The 16 FP4 values times one scale, for every scale byte: row `s` is
+/// `FP4_VALUES[i] * SCALE_LUT[s]`, the products a decoder would otherwise form per block.
+/// Aligned so that a row is one 64-byte line.
+#[repr(C, align(64))]
+pub struct ScaledFp4(pub [[f32; 16]; 256]);
+
+/// [`ScaledFp4`], built on first use (at run time, so the products are the ones the CPU's
+/// multiply gives, NaN bits included).
+pub fn scaled_fp4() -> &'static ScaledFp4 {
+    static TABLE: std::sync::OnceLock<Box<ScaledFp4>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new(ScaledFp4([[0.0; 16]; 256]));
+        for (row, &scale) in t.0.iter_mut().zip(SCALE_LUT.iter()) {
+            for (v, &q) in row.iter_mut().zip(&FP4_VALUES) {
+                *v = std::hint::black_box(q) * scale;
+            }
+        }
+        t
+    })
+}
+
 /// The scale table (kept as a function for call sites that want a reference).
 pub fn scale_table() -> &'static [f32; 256] {
     &SCALE_LUT

@@ -17,6 +17,7 @@ use super::kernel::{ROW_GROUP, TileView, block_bytes, block_place};
 const PREFETCH_BYTES: usize = 8192;
 use crate::format::TileFormat;
 use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT};
+use model::mxfp4::ScaledFp4;
 
 const F32: u8 = 0;
 const BF16: u8 = 1;
@@ -42,7 +43,11 @@ pub fn available() -> bool {
 /// FMA and F16C must be available.
 #[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
 #[inline]
-unsafe fn block<const F: u8>(data: *const u8, scale: *const u8) -> (__m512, __m512) {
+unsafe fn block<const F: u8>(
+    data: *const u8,
+    scale: *const u8,
+    scaled: &ScaledFp4,
+) -> (__m512, __m512) {
     // SAFETY: the caller guarantees the bytes read here are inside the tile.
     unsafe {
         match F {
@@ -66,11 +71,8 @@ unsafe fn block<const F: u8>(data: *const u8, scale: *const u8) -> (__m512, __m5
                 let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(data.cast()));
                 let lo = _mm512_and_si512(v, _mm512_set1_epi32(0x0f));
                 let hi = _mm512_srli_epi32::<4>(v);
-                let s = model::mxfp4::SCALE_LUT[*scale as usize];
-                let table = _mm512_mul_ps(
-                    _mm512_loadu_ps(model::mxfp4::FP4_VALUES.as_ptr()),
-                    _mm512_set1_ps(s),
-                );
+                // The block's 16 values, already scaled: one aligned load.
+                let table = _mm512_load_ps(scaled.0[*scale as usize].as_ptr());
                 (
                     _mm512_permutexvar_ps(lo, table),
                     _mm512_permutexvar_ps(hi, table),
@@ -110,6 +112,7 @@ unsafe fn run_block<const F: u8, const R: usize, const T: usize>(
     let scales: [*const u8; R] =
         std::array::from_fn(|r| tile.scales[place(r).2.min(tile.scales.len())..].as_ptr());
     let xs: [*const f32; T] = std::array::from_fn(|t| x[(t0 + t) * x_stride..].as_ptr());
+    let scaled = model::mxfp4::scaled_fp4();
     for s in 0..ns {
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         for b in s * BLOCKS_PER_SEGMENT..((s + 1) * BLOCKS_PER_SEGMENT).min(nb) {
@@ -132,7 +135,9 @@ unsafe fn run_block<const F: u8, const R: usize, const T: usize>(
             let mut w = [(_mm512_setzero_ps(), _mm512_setzero_ps()); R];
             for r in 0..R {
                 // SAFETY: block b < nb of row r0 + r lies inside the tile (see block_place).
-                w[r] = unsafe { block::<F>(data[r].add(b * dstride), scales[r].add(b * sstride)) };
+                w[r] = unsafe {
+                    block::<F>(data[r].add(b * dstride), scales[r].add(b * sstride), scaled)
+                };
             }
             for t in 0..T {
                 // SAFETY: each input row holds at least nb whole blocks from the tile's column.
