@@ -45,29 +45,31 @@ impl DisaggregatedNode {
             .collect()
     }
 
-    /// Sends micro-batch `m`'s sampled rows to the LM-head cards (as soon as its last layer is
-    /// done, so the cards start on it while the node finishes the other micro-batch).
+    /// Sends the sampled rows of the micro-batches `mbs` to the LM-head cards, as message
+    /// `m`.
     pub(super) fn lm_head_send(
         &mut self,
         batch: &StepBatch,
-        mb: &MicroBatch,
+        mbs: &[MicroBatch],
         m: u8,
     ) -> Result<LmHeadRows, StepError> {
         let lm_cards = self.lm_cards();
         let cap = self.node.lm_head_candidates;
         let span = self.trace.begin();
         let mut rows = Vec::new();
-        let mut picks = Vec::new();
-        for (span_idx, &i) in mb.entries.iter().enumerate() {
-            let e = &batch.entries[i];
-            if let Some(request) = e.sample {
-                let s = &mb.spans[span_idx];
-                picks.push(s.start + s.len - 1);
-                rows.push(Row {
-                    entry: i,
-                    request,
-                    position: (e.start + e.tokens.len()) as u64,
-                });
+        let mut selected = Vec::new();
+        for mb in mbs {
+            for (span_idx, &i) in mb.entries.iter().enumerate() {
+                let e = &batch.entries[i];
+                if let Some(request) = e.sample {
+                    let s = &mb.spans[span_idx];
+                    selected.push(mb.x.narrow(0, s.start + s.len - 1, 1).map_err(model_err)?);
+                    rows.push(Row {
+                        entry: i,
+                        request,
+                        position: (e.start + e.tokens.len()) as u64,
+                    });
+                }
             }
         }
         if rows.is_empty() {
@@ -83,10 +85,6 @@ impl DisaggregatedNode {
             .map(|r| candidates_needed(&r.request, cap))
             .max()
             .unwrap_or(1);
-        let mut selected = Vec::with_capacity(picks.len());
-        for &r in &picks {
-            selected.push(mb.x.narrow(0, r, 1).map_err(model_err)?);
-        }
         let selected = candle_core::Tensor::cat(&selected, 0).map_err(model_err)?;
         let normed = ops::to_f32_vec(&self.lm_head.norm(&selected).map_err(model_err)?)
             .map_err(model_err)?;

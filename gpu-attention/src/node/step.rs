@@ -81,10 +81,22 @@ impl DisaggregatedNode {
                 self.attention_and_dispatch(layer, mb, m as u8, &tables)?;
             }
         }
+        // Every micro-batch's rows go to the LM head in one message when they fit in one:
+        // the cards then pass over their vocabulary rows once, not once per micro-batch.
+        // Sending the first micro-batch's early would gain nothing, as the cards still have
+        // the second's last layer to compute when it is ready.
+        let sampled = batch.entries.iter().filter(|e| e.sample.is_some()).count();
         let mut sent = Vec::with_capacity(mbs.len());
-        for (m, mb) in mbs.iter_mut().enumerate() {
-            self.finish_ffn(mb, m as u8, &mut stash)?;
-            sent.push(self.lm_head_send(batch, mb, m as u8)?);
+        if sampled <= self.node.max_tokens {
+            for (m, mb) in mbs.iter_mut().enumerate() {
+                self.finish_ffn(mb, m as u8, &mut stash)?;
+            }
+            sent.push(self.lm_head_send(batch, &mbs, 0)?);
+        } else {
+            for m in 0..mbs.len() {
+                self.finish_ffn(&mut mbs[m], m as u8, &mut stash)?;
+                sent.push(self.lm_head_send(batch, &mbs[m..=m], m as u8)?);
+            }
         }
         for e in &batch.entries {
             self.seq_lens.insert(e.seq, e.start + e.tokens.len());
