@@ -119,6 +119,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn scaled_rows_are_the_values_times_each_scale() {
+        let table = scaled_fp4();
+        for (s, row) in table.0.iter().enumerate() {
+            assert_eq!(
+                row.as_ptr() as usize % 64,
+                0,
+                "row {s} is not one cache line"
+            );
+            for (i, v) in row.iter().enumerate() {
+                let want = FP4_VALUES[i] * SCALE_LUT[s];
+                // 0 x the overflowed scale 255 is NaN, whose bits a compiler may fold
+                // differently from the CPU's multiply.
+                if want.is_nan() {
+                    assert!(v.is_nan(), "scale {s}, value {i}");
+                } else {
+                    assert_eq!(v.to_bits(), want.to_bits(), "scale {s}, value {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn nibble_order_and_scale() {
         // Byte 0x21: element 0 = nibble 1 (0.5), element 1 = nibble 2 (1.0); scale 128 -> x2.
         let mut blocks = [0u8; 16];

@@ -10,6 +10,7 @@ use std::arch::x86_64::*;
 
 // The lane tree of the numerics definition (halves 8, 4, 2, 1) is the model kernels' tree.
 use model::kernels::fold_lanes_avx512 as fold;
+use model::mxfp4::ScaledFp4;
 
 use super::kernel::{ROW_GROUP, TileView, block_bytes, block_place};
 
@@ -17,7 +18,6 @@ use super::kernel::{ROW_GROUP, TileView, block_bytes, block_place};
 const PREFETCH_BYTES: usize = 8192;
 use crate::format::TileFormat;
 use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT};
-use model::mxfp4::ScaledFp4;
 
 const F32: u8 = 0;
 const BF16: u8 = 1;

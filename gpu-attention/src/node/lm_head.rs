@@ -99,8 +99,9 @@ impl DisaggregatedNode {
         })
     }
 
-    /// Merges the proposals for every micro-batch's rows sent by [`Self::lm_head_send`] (in
-    /// micro-batch order), with the full-logits round for rows they cannot decide.
+    /// Merges the proposals for the rows of every message sent by [`Self::lm_head_send`]
+    /// (`per_mb[m]` went as message `m`), with the full-logits round for rows they cannot
+    /// decide.
     pub(super) fn lm_head_merge(
         &mut self,
         batch: &StepBatch,
