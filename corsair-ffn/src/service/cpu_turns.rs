@@ -195,8 +195,6 @@ impl Drop for Turn<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::mpsc;
-
     use jetstream::{InprocFabric, InprocTransport, Region, RegionConfig, Transport, WriteRequest};
 
     use super::*;
@@ -244,57 +242,82 @@ mod tests {
                 .block_on(async { self.node.post_write(write).await?.wait().await })
                 .expect("the write lands");
         }
+
+        /// Picks up inbox `i`'s oldest message, as its worker would: when it landed.
+        fn pick_up(&self, i: usize) -> Instant {
+            self.inboxes[i]
+                .next_completion_blocking(WAIT)
+                .expect("a queued message")
+                .landed
+        }
+
+        /// One member per inbox.
+        fn members(&self, turns: &Arc<CpuTurns>) -> Vec<TurnMember> {
+            self.inboxes.iter().map(|r| turns.join(r.probe())).collect()
+        }
+    }
+
+    /// `member`'s turn for a message that landed at `landed`, waited for on another thread
+    /// while `meanwhile` runs; `None` if none came within `limit` (the wait is then stopped, so
+    /// a test fails rather than hangs).
+    fn turn_within<'m>(
+        member: &'m TurnMember,
+        landed: Instant,
+        limit: Duration,
+        meanwhile: impl FnOnce(),
+    ) -> Option<Turn<'m>> {
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| member.wait(landed, &stop));
+            meanwhile();
+            let deadline = Instant::now() + limit;
+            while !waiter.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            stop.store(true, Ordering::SeqCst);
+            waiter.join().expect("the waiter does not panic")
+        })
     }
 
     #[test]
     fn the_oldest_message_goes_first_on_one_cpu() {
         let f = fixture(2);
         let turns = CpuTurns::new(1);
-        let (a, b) = (
-            turns.join(f.inboxes[0].probe()),
-            turns.join(f.inboxes[1].probe()),
-        );
+        let m = f.members(&turns);
         // Card 1's message lands first, card 0's second.
         f.land(1);
         f.land(0);
-        let stop = AtomicBool::new(false);
-        let (done, order) = mpsc::channel();
-        let late = f.inboxes[0]
-            .next_completion_blocking(WAIT)
-            .expect("card 0's message");
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let turn = a.wait(late.landed, &stop).expect("a turn");
-                done.send(0).expect("report");
-                drop(turn);
-            });
-            // Card 0 must wait for card 1's older message, although card 1 has not even
-            // picked it up yet.
-            assert!(order.recv_timeout(BLOCKED).is_err(), "card 0 went first");
-            let early = f.inboxes[1]
-                .next_completion_blocking(WAIT)
-                .expect("card 1's message");
-            assert!(early.landed <= late.landed);
-            let turn = b.wait(early.landed, &stop).expect("a turn");
-            // One CPU: card 0 waits until card 1 gives its turn back.
-            assert!(order.recv_timeout(BLOCKED).is_err(), "two turns on one CPU");
-            drop(turn);
-            assert_eq!(order.recv_timeout(WAIT), Ok(0));
-        });
+        let late = f.pick_up(0);
+        // Card 0 waits for card 1's older message, although card 1 has not picked it up yet.
+        assert!(
+            turn_within(&m[0], late, BLOCKED, || ()).is_none(),
+            "card 0 went first"
+        );
+        let early = f.pick_up(1);
+        assert!(early <= late);
+        let held = turn_within(&m[1], early, WAIT, || ()).expect("the oldest goes");
+        // One CPU: card 0 waits until card 1 gives its turn back, and is woken then.
+        assert!(
+            turn_within(&m[0], late, BLOCKED, || ()).is_none(),
+            "two turns on one CPU"
+        );
+        let given_back = move || {
+            std::thread::sleep(BLOCKED);
+            drop(held);
+        };
+        assert!(turn_within(&m[0], late, WAIT, given_back).is_some());
     }
 
     #[test]
     fn as_many_turns_run_at_once_as_there_are_cpus() {
         let f = fixture(2);
         let turns = CpuTurns::new(2);
-        let members: Vec<TurnMember> = f.inboxes.iter().map(|r| turns.join(r.probe())).collect();
+        let m = f.members(&turns);
         f.land(0);
         f.land(1);
-        let stop = AtomicBool::new(false);
-        let first = f.inboxes[0].next_completion_blocking(WAIT).expect("first");
-        let second = f.inboxes[1].next_completion_blocking(WAIT).expect("second");
-        let one = members[0].wait(first.landed, &stop).expect("a turn");
-        let two = members[1].wait(second.landed, &stop).expect("a second CPU");
+        let (first, second) = (f.pick_up(0), f.pick_up(1));
+        let one = turn_within(&m[0], first, WAIT, || ()).expect("a turn");
+        let two = turn_within(&m[1], second, WAIT, || ()).expect("a second CPU");
         drop((one, two));
     }
 
@@ -302,29 +325,19 @@ mod tests {
     fn work_queued_behind_a_computing_card_does_not_hold_a_free_cpu() {
         let f = fixture(2);
         let turns = CpuTurns::new(2);
-        let (a, b) = (
-            turns.join(f.inboxes[0].probe()),
-            turns.join(f.inboxes[1].probe()),
-        );
-        let stop = AtomicBool::new(false);
+        let m = f.members(&turns);
         f.land(1);
-        let first = f.inboxes[1].next_completion_blocking(WAIT).expect("first");
-        let computing = b.wait(first.landed, &stop).expect("a turn");
+        let first = f.pick_up(1);
+        let computing = turn_within(&m[1], first, WAIT, || ()).expect("a turn");
         // Card 1 queues an older message than card 0's while it computes: only card 1 can
         // take it, and not before it is done, so card 0 takes the free CPU.
         f.land(1);
         f.land(0);
-        let late = f.inboxes[0].next_completion_blocking(WAIT).expect("late");
-        std::thread::scope(|s| {
-            let waiter = s.spawn(|| a.wait(late.landed, &stop).is_some());
-            std::thread::sleep(BLOCKED);
-            let went = waiter.is_finished();
-            stop.store(true, Ordering::SeqCst);
-            assert!(
-                went && waiter.join().expect("no panic"),
-                "card 0 left a CPU idle"
-            );
-        });
+        let late = f.pick_up(0);
+        assert!(
+            turn_within(&m[0], late, WAIT, || ()).is_some(),
+            "card 0 left a CPU idle"
+        );
         drop(computing);
     }
 
@@ -336,28 +349,17 @@ mod tests {
         let gone = turns.join(f.inboxes[1].probe());
         f.land(1);
         f.land(0);
-        let late = f.inboxes[0].next_completion_blocking(WAIT).expect("late");
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let waiter = s.spawn(|| waiting.wait(late.landed, &stop).is_some());
-            std::thread::sleep(BLOCKED);
-            assert!(!waiter.is_finished(), "went ahead of an older message");
-            // The worker holding the older message stops for good.
-            drop(gone);
-            assert!(waiter.join().expect("no panic"), "still waiting");
-        });
-        // A worker kept waiting by a message nobody takes gives up when told to stop.
-        let stuck = turns.join(f.inboxes[1].probe());
-        f.land(1);
-        f.land(0);
-        let late = f.inboxes[0].next_completion_blocking(WAIT).expect("late");
-        std::thread::scope(|s| {
-            let waiter = s.spawn(|| waiting.wait(late.landed, &stop).is_none());
-            std::thread::sleep(BLOCKED);
-            assert!(!waiter.is_finished(), "went ahead of an older message");
-            stop.store(true, Ordering::SeqCst);
-            assert!(waiter.join().expect("no panic"), "a turn after the stop");
-        });
-        drop(stuck);
+        let late = f.pick_up(0);
+        // Kept waiting by an older message nobody takes, the worker gives up when stopped
+        // (`turn_within` stops it at the limit: this returns rather than hangs).
+        assert!(
+            turn_within(&waiting, late, BLOCKED, || ()).is_none(),
+            "went ahead of an older message"
+        );
+        // The worker holding the older message stops for good.
+        assert!(
+            turn_within(&waiting, late, WAIT, move || drop(gone)).is_some(),
+            "still waiting for a worker that left"
+        );
     }
 }
