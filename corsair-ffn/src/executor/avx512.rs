@@ -102,6 +102,7 @@ unsafe fn run_block<const F: u8, const R: usize, const T: usize>(
     r0: usize,
     t0: usize,
     out: &mut [f32],
+    scaled: &ScaledFp4,
 ) {
     let (nb, ns) = (tile.blocks(), tile.segments());
     // Rows of one register block share a row group, hence the strides between blocks.
@@ -112,7 +113,6 @@ unsafe fn run_block<const F: u8, const R: usize, const T: usize>(
     let scales: [*const u8; R] =
         std::array::from_fn(|r| tile.scales[place(r).2.min(tile.scales.len())..].as_ptr());
     let xs: [*const f32; T] = std::array::from_fn(|t| x[(t0 + t) * x_stride..].as_ptr());
-    let scaled = model::mxfp4::scaled_fp4();
     for s in 0..ns {
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         for b in s * BLOCKS_PER_SEGMENT..((s + 1) * BLOCKS_PER_SEGMENT).min(nb) {
@@ -218,10 +218,12 @@ unsafe fn rows<const F: u8>(
     tokens: usize,
     out: &mut [f32],
 ) {
+    // Looked up once per tile, not per register block.
+    let scaled = model::mxfp4::scaled_fp4();
     macro_rules! go {
         ($r:literal, $t:literal, $r0:expr, $t0:expr) => {
             // SAFETY: r0 + R <= rows and t0 + T <= tokens by the loop bounds below.
-            unsafe { run_block::<F, $r, $t>(tile, x, x_stride, $r0, $t0, out) }
+            unsafe { run_block::<F, $r, $t>(tile, x, x_stride, $r0, $t0, out, scaled) }
         };
     }
     if tokens == 1 {
