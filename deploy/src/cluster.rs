@@ -26,6 +26,12 @@ use proto::control::{LoadShardReply, LoadShardRequest, RegionDescriptor};
 
 use crate::error::{Error, Result};
 
+/// Worker threads of the runtime that drives every JetStream endpoint of the process (QUIC
+/// packets, TLS, landing writes). Loopback traffic needs one; a second mostly adds hand-offs
+/// between the two and takes time from the node and the cards (on 2 cores, two workers cost a
+/// tenth of the throughput at 8 concurrent requests).
+const IO_WORKERS: usize = 1;
+
 /// How the attention nodes and the cards talk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -76,11 +82,6 @@ pub struct ClusterConfig {
     pub card_cpu_mask: u64,
     /// The cards' hardware profile.
     pub profile: HardwareProfile,
-    /// Worker threads of the runtime that drives every JetStream endpoint of this process
-    /// (QUIC packets, TLS, landing writes). Loopback traffic needs one; a second worker mostly
-    /// adds hand-offs between the two and takes time from the node and the cards (on 2 cores,
-    /// two workers cost a tenth of the throughput at 8 concurrent requests).
-    pub io_threads: usize,
 }
 
 impl ClusterConfig {
@@ -98,7 +99,6 @@ impl ClusterConfig {
             card_threads: 1,
             card_cpu_mask: 0,
             profile: HardwareProfile::default(),
-            io_threads: 1,
         }
     }
 }
@@ -299,7 +299,7 @@ impl EmbeddedCluster {
             ));
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.io_threads.max(1))
+            .worker_threads(IO_WORKERS)
             .thread_name("afd-io")
             .enable_all()
             .build()
