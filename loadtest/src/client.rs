@@ -1,13 +1,17 @@
-//! The HTTP shell: sends one streaming request and feeds the bytes, with timestamps, to the
-//! pure `SseDecoder` and `RequestRecorder`. Never fails: every problem becomes a failed
-//! `RequestOutcome` whose `error` says what happened.
+//! The HTTP shell: sends one streaming request over the [`ConnectionPool`] and feeds the bytes,
+//! with timestamps, to the pure `SseDecoder` and `RequestRecorder`. Never fails: every problem
+//! becomes a failed `RequestOutcome` whose `error` says what happened.
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
 use crate::config::EndpointKind;
+use crate::connection::{Answer, Connection, ConnectionPool, HttpRequest, TransportError};
 use crate::error::Error;
 use crate::prompts::{Prompt, RequestSpec};
 use crate::record::{RequestOutcome, RequestRecorder, error_message};
@@ -17,41 +21,29 @@ use crate::sse::{SseDecoder, SseEvent};
 /// reused; a server that keeps the stream open longer is cut off.
 const DRAIN_AFTER_DONE: Duration = Duration::from_millis(500);
 
-/// Builds the shared HTTP client: keep-alive pool, no Nagle delay, the request timeout.
-pub fn build_http_client(request_timeout: Duration) -> Result<reqwest::Client, Error> {
-    reqwest::Client::builder()
-        .timeout(request_timeout)
-        .connect_timeout(Duration::from_secs(30).min(request_timeout))
-        .tcp_nodelay(true)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build()
-        .map_err(|e| Error::HttpClient(error_chain(&e)))
-}
-
 /// `GET {base}/v1/models` and the first model's `id`, as vLLM does without `--model`.
-pub async fn first_model(
-    http: &reqwest::Client,
-    base_url: &str,
-    api_key: Option<&str>,
-) -> Result<String, Error> {
-    let url = format!("{}/v1/models", base_url.trim_end_matches('/'));
+pub async fn first_model(pool: &ConnectionPool, api_key: Option<&str>) -> Result<String, Error> {
+    let path = format!("{}/v1/models", pool.base_path());
+    let url = pool.url(&path);
     let lookup_error = |reason: String| Error::ModelLookup {
         url: url.clone(),
         reason,
     };
-    let mut request = http.get(&url);
-    if let Some(key) = api_key {
-        request = request.bearer_auth(key);
-    }
-    let response = request
-        .send()
+    let request = HttpRequest {
+        method: Method::GET,
+        path,
+        bearer: api_key.map(str::to_string),
+        json: None,
+    };
+    let deadline = pool.deadline();
+    let answer = pool
+        .send(&request, deadline)
         .await
-        .map_err(|e| lookup_error(describe_transport_error(&e, &url)))?;
-    let status = response.status();
-    let body = response
-        .text()
+        .map_err(|e| lookup_error(e.to_string()))?;
+    let status = answer.response.status();
+    let body = read_text(pool, answer, &request.path, deadline)
         .await
-        .map_err(|e| lookup_error(describe_transport_error(&e, &url)))?;
+        .map_err(|e| lookup_error(e.to_string()))?;
     if !status.is_success() {
         return Err(lookup_error(describe_http_error(status, &body)));
     }
@@ -67,12 +59,40 @@ pub async fn first_model(
         .ok_or_else(|| lookup_error("the answer lists no model (`data[0].id` missing)".into()))
 }
 
+/// The whole body of `answer` as text (invalid UTF-8 replaced); the connection goes back to
+/// the pool when the body ended cleanly.
+async fn read_text(
+    pool: &ConnectionPool,
+    answer: Answer,
+    path: &str,
+    deadline: tokio::time::Instant,
+) -> Result<String, TransportError> {
+    let Answer {
+        response,
+        connection,
+        ..
+    } = answer;
+    match tokio::time::timeout_at(deadline, response.into_body().collect()).await {
+        Ok(Ok(body)) => {
+            pool.keep(connection);
+            Ok(String::from_utf8_lossy(&body.to_bytes()).into_owned())
+        }
+        Ok(Err(e)) => Err(TransportError::Exchange {
+            url: pool.url(path),
+            reason: crate::connection::error_chain(&e),
+        }),
+        Err(_) => Err(pool.timed_out(path)),
+    }
+}
+
 /// Everything a request needs besides its prompt.
 #[derive(Debug, Clone)]
 pub struct ApiClient {
     /// Shared connection pool.
-    pub http: reqwest::Client,
-    /// Full request URL (base + endpoint path).
+    pub pool: ConnectionPool,
+    /// Request path (base URL's path + endpoint path).
+    pub api_path: String,
+    /// Full request URL, for messages.
     pub api_url: String,
     /// Completions or chat.
     pub endpoint: EndpointKind,
@@ -85,7 +105,6 @@ pub struct ApiClient {
     /// Sampling temperature, if set.
     pub temperature: Option<f64>,
 }
-
 impl ApiClient {
     /// The JSON body for `spec`, shaped as vLLM's benchmark client sends it.
     pub fn payload(&self, spec: &RequestSpec) -> Value {
@@ -131,58 +150,100 @@ impl ApiClient {
 
     /// Sends `spec` and measures it. `clock` is the run's time origin; `arrived_at` is when
     /// the request arrived (before any wait for a concurrency slot), in seconds from `clock`.
+    /// A retry on a fresh connection (see [`crate::connection`]) is part of the same
+    /// measurement: its times count from the first send.
     pub async fn send(
         &self,
         spec: &RequestSpec,
         clock: Instant,
         arrived_at: f64,
     ) -> RequestOutcome {
-        let body = self.payload(spec);
         let now = || clock.elapsed().as_secs_f64();
-        let start = now();
-        let mut request = self.http.post(&self.api_url).json(&body);
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
-        }
-        let response = match request.send().await {
-            Ok(r) => r,
-            Err(e) => {
-                let reason = describe_transport_error(&e, &self.api_url);
-                return RequestOutcome {
-                    queue_time: start - arrived_at,
-                    ..RequestOutcome::failed(start, now(), spec.prompt_len, reason)
-                };
-            }
+        let request = HttpRequest {
+            method: Method::POST,
+            path: self.api_path.clone(),
+            bearer: self.api_key.clone(),
+            json: Some(Bytes::from(self.payload(spec).to_string())),
         };
-        let status = response.status();
+        let start = now();
+        let deadline = self.pool.deadline();
+        let failed = |reason: String, retried: bool| RequestOutcome {
+            queue_time: start - arrived_at,
+            retried,
+            ..RequestOutcome::failed(start, now(), spec.prompt_len, reason)
+        };
+        let answer = match self.pool.send(&request, deadline).await {
+            Ok(answer) => answer,
+            Err(e) => return failed(e.to_string(), e.retried),
+        };
+        let retried = answer.retried;
+        let status = answer.response.status();
         if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            return RequestOutcome {
-                queue_time: start - arrived_at,
-                ..RequestOutcome::failed(
-                    start,
-                    now(),
-                    spec.prompt_len,
-                    describe_http_error(status, &text),
-                )
-            };
+            let text = read_text(&self.pool, answer, &request.path, deadline)
+                .await
+                .unwrap_or_default();
+            return failed(describe_http_error(status, &text), retried);
         }
         let mut recorder =
             RequestRecorder::new(self.endpoint, start, start - arrived_at, spec.prompt_len);
+        self.read_stream(
+            answer.response,
+            answer.connection,
+            &mut recorder,
+            now,
+            deadline,
+        )
+        .await;
+        let t = now();
+        RequestOutcome {
+            retried,
+            ..recorder.finish(t)
+        }
+    }
+
+    /// Feeds the event stream of `response` to `recorder` until it ends, breaks off, or
+    /// `[DONE]` came and the body does not end soon after.
+    async fn read_stream(
+        &self,
+        response: Response<Incoming>,
+        connection: Connection,
+        recorder: &mut RequestRecorder,
+        now: impl Fn() -> f64,
+        deadline: tokio::time::Instant,
+    ) {
+        let mut connection = Some(connection);
         let mut decoder = SseDecoder::new();
-        let mut stream = response.bytes_stream();
+        let mut body = response.into_body();
         loop {
             let next = if recorder.is_finished() {
-                match tokio::time::timeout(DRAIN_AFTER_DONE, stream.next()).await {
-                    Ok(item) => item,
+                match tokio::time::timeout(DRAIN_AFTER_DONE, body.frame()).await {
+                    Ok(frame) => frame,
                     Err(_) => break,
                 }
             } else {
-                stream.next().await
+                match tokio::time::timeout_at(deadline, body.frame()).await {
+                    Ok(frame) => frame,
+                    Err(_) => {
+                        recorder.fail(format!(
+                            "the stream broke off: {}",
+                            self.pool.timed_out(&self.api_path)
+                        ));
+                        break;
+                    }
+                }
             };
-            let Some(item) = next else { break };
-            match item {
-                Ok(bytes) => {
+            match next {
+                None => {
+                    // The body ended as HTTP/1.1 frames it: the connection can carry another.
+                    if let Some(c) = connection.take() {
+                        self.pool.keep(c);
+                    }
+                    break;
+                }
+                Some(Ok(frame)) => {
+                    let Ok(bytes) = frame.into_data() else {
+                        continue;
+                    };
                     let t = now();
                     for event in decoder.push(&bytes) {
                         match event {
@@ -191,11 +252,12 @@ impl ApiClient {
                         }
                     }
                 }
-                Err(e) => {
-                    recorder.fail(format!(
-                        "the stream broke off: {}",
-                        describe_transport_error(&e, &self.api_url)
-                    ));
+                Some(Err(e)) => {
+                    let error = TransportError::Exchange {
+                        url: self.api_url.clone(),
+                        reason: crate::connection::error_chain(&e),
+                    };
+                    recorder.fail(format!("the stream broke off: {error}"));
                     break;
                 }
             }
@@ -206,13 +268,12 @@ impl ApiClient {
             Some(SseEvent::Done) => recorder.on_done(),
             None => {}
         }
-        recorder.finish(t)
     }
 }
 
 /// `HTTP 404 Not Found: <message>` with the message from an OpenAI/vLLM error body, or the
 /// start of the body.
-pub fn describe_http_error(status: reqwest::StatusCode, body: &str) -> String {
+pub fn describe_http_error(status: StatusCode, body: &str) -> String {
     let detail = serde_json::from_str::<Value>(body)
         .ok()
         .and_then(|v| error_message(&v))
@@ -224,41 +285,14 @@ pub fn describe_http_error(status: reqwest::StatusCode, body: &str) -> String {
     }
 }
 
-/// A transport error in words: connect, timeout, or other, with its chain of causes.
-pub fn describe_transport_error(e: &reqwest::Error, url: &str) -> String {
-    let chain = error_chain(e);
-    if e.is_connect() {
-        format!("could not connect to {url} ({chain}); is the server running there?")
-    } else if e.is_timeout() {
-        format!(
-            "timed out talking to {url} ({chain}); raise --request-timeout if the server is just slow"
-        )
-    } else {
-        format!("request to {url} failed ({chain})")
-    }
-}
-
-/// An error and its sources joined with `: `, skipping repeats.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = vec![e.to_string()];
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    parts.join(": ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn client(endpoint: EndpointKind) -> ApiClient {
         ApiClient {
-            http: reqwest::Client::new(),
+            pool: ConnectionPool::new("http://x", Duration::from_secs(1)).unwrap(),
+            api_path: "/v1/completions".into(),
             api_url: "http://x/v1/completions".into(),
             endpoint,
             model: "m".into(),
@@ -306,14 +340,14 @@ mod tests {
     #[test]
     fn http_errors_carry_the_server_message() {
         let s = describe_http_error(
-            reqwest::StatusCode::NOT_FOUND,
+            StatusCode::NOT_FOUND,
             r#"{"error":{"message":"model x not found","type":"NotFoundError","code":404}}"#,
         );
         assert_eq!(s, "HTTP 404 Not Found: NotFoundError: model x not found");
-        let s = describe_http_error(reqwest::StatusCode::BAD_GATEWAY, "  upstream down ");
+        let s = describe_http_error(StatusCode::BAD_GATEWAY, "  upstream down ");
         assert_eq!(s, "HTTP 502 Bad Gateway: upstream down");
         assert_eq!(
-            describe_http_error(reqwest::StatusCode::INTERNAL_SERVER_ERROR, ""),
+            describe_http_error(StatusCode::INTERNAL_SERVER_ERROR, ""),
             "HTTP 500 Internal Server Error"
         );
     }

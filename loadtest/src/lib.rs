@@ -6,10 +6,12 @@
 //! Must not: depend on any other afd crate: it measures any OpenAI-compatible server.
 //!
 //! Layout: a deterministic, I/O-free core (`arrival`, `prompts`, `sse`, `record`, `stats`,
-//! `metrics`, `report`) and a thin async shell (`client`, `runner`, `sweep`) plus file
-//! writers (`output`, `plot`). `compare` puts several variants' results side by side (medians
-//! over repeated runs, ratios against a baseline, a markdown table and plots). The entry points are [`run_benchmark`] (one configuration
-//! against one base URL) and [`run_sweep`]; the `afd-loadtest` binary is a CLI over them.
+//! `metrics`, `report`) and a thin async shell (`connection`: kept-alive HTTP/1.1 connections
+//! and the retry rule for ones the server closed; `client`, `runner`, `sweep`) plus file writers
+//! (`output`, `plot`). `compare` puts several variants' results side by side (medians over
+//! repeated runs, ratios against a baseline, a markdown table and plots). The entry points are
+//! [`run_benchmark`] (one configuration against one base URL) and [`run_sweep`]; the
+//! `afd-loadtest` binary is a CLI over them.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), loadtest::Error> {
@@ -30,6 +32,7 @@ pub mod arrival;
 pub mod client;
 pub mod compare;
 pub mod config;
+pub mod connection;
 pub mod error;
 pub mod metrics;
 pub mod output;

@@ -40,6 +40,9 @@ pub struct RequestOutcome {
     pub queue_time: f64,
     /// Token chunks received.
     pub content_chunks: usize,
+    /// Sent a second time, on a fresh connection, after a kept-alive one failed before any
+    /// byte of the answer arrived (the times count from the first send).
+    pub retried: bool,
 }
 
 impl RequestOutcome {

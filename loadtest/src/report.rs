@@ -101,6 +101,14 @@ pub fn format_result(r: &BenchmarkResult) -> String {
             r.outputs_without_usage
         );
     }
+    if r.retried_requests > 0 {
+        let _ = writeln!(
+            out,
+            "Note: {} request(s) were sent again on a fresh connection: the kept-alive one they \
+             went out on closed before any byte of the answer arrived.",
+            r.retried_requests
+        );
+    }
     if !r.failure_reasons.is_empty() {
         out.push_str(&centered("Failures", '-'));
         out.push('\n');

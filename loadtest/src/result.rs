@@ -152,6 +152,9 @@ pub struct BenchmarkResult {
     pub base_url: String,
     /// Requests actually sent (fewer than `num_prompts` when the duration limit hit).
     pub num_requests_sent: usize,
+    /// Requests sent a second time, on a fresh connection, because the kept-alive connection
+    /// they went out on failed before any byte of the answer arrived (the server closed it).
+    pub retried_requests: usize,
     /// Requests that met every SLO; null without `--goodput`.
     pub good_requests: Option<usize>,
     /// Successful requests whose stream carried no usage (token chunks were counted instead).

@@ -12,8 +12,9 @@ use rand::rngs::StdRng;
 use tokio::sync::Semaphore;
 
 use crate::arrival::arrival_offsets;
-use crate::client::{ApiClient, build_http_client, first_model};
+use crate::client::{ApiClient, first_model};
 use crate::config::{BenchmarkConfig, PromptSource};
+use crate::connection::ConnectionPool;
 use crate::error::Error;
 use crate::metrics::calculate_metrics;
 use crate::prompts::{RequestSpec, build_requests};
@@ -26,8 +27,8 @@ pub async fn resolve_model(config: &BenchmarkConfig) -> Result<String, Error> {
         return Ok(model.clone());
     }
     config.validate()?;
-    let http = build_http_client(config.request_timeout)?;
-    first_model(&http, &config.base_url, config.api_key.as_deref()).await
+    let pool = ConnectionPool::new(&config.base_url, config.request_timeout)?;
+    first_model(&pool, config.api_key.as_deref()).await
 }
 
 /// Runs one benchmark against `config.base_url` and returns its result.
@@ -37,15 +38,17 @@ pub async fn resolve_model(config: &BenchmarkConfig) -> Result<String, Error> {
 /// cannot be read, or every warm-up request fails.
 pub async fn run_benchmark(config: &BenchmarkConfig) -> Result<BenchmarkResult, Error> {
     config.validate()?;
-    let http = build_http_client(config.request_timeout)?;
+    let pool = ConnectionPool::new(&config.base_url, config.request_timeout)?;
     let base_url = config.base_url.trim_end_matches('/').to_string();
     let model = match &config.model {
         Some(m) => m.clone(),
-        None => first_model(&http, &base_url, config.api_key.as_deref()).await?,
+        None => first_model(&pool, config.api_key.as_deref()).await?,
     };
+    let api_path = format!("{}{}", pool.base_path(), config.endpoint.path());
     let client = Arc::new(ApiClient {
-        http,
-        api_url: format!("{base_url}{}", config.endpoint.path()),
+        api_url: pool.url(&api_path),
+        api_path,
+        pool,
         endpoint: config.endpoint,
         model: model.clone(),
         api_key: config.api_key.clone(),
@@ -92,6 +95,7 @@ pub async fn run_benchmark(config: &BenchmarkConfig) -> Result<BenchmarkResult, 
         errors: outcomes.iter().map(|o| o.error.clone()).collect(),
         base_url,
         num_requests_sent: outcomes.len(),
+        retried_requests: outcomes.iter().filter(|o| o.retried).count(),
         workload: WorkloadInfo {
             prompt_source: match config.effective_prompt_source() {
                 PromptSource::TokenIds | PromptSource::Auto => "token-ids".into(),
