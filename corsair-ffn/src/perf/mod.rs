@@ -285,3 +285,6 @@ pub fn step_time(program: &Program, tokens: usize) -> StepTime {
         lpddr_seconds,
     }
 }
+
+#[cfg(test)]
+mod tests;
