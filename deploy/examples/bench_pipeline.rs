@@ -17,12 +17,10 @@ use std::time::Instant;
 
 use deploy::cluster::{ClusterConfig, EmbeddedCluster, TransportKind};
 use gpu_attention::kv_cache::KvCacheConfig;
-use gpu_attention::{
-    AttentionNode, DisaggregatedNode, KvCapacity, MicroBatches, MonolithicNode, SampleRequest,
-    StepBatch, StepEntry,
-};
+use gpu_attention::{DisaggregatedNode, MicroBatches, MonolithicNode};
 use model::sampling::SamplingParams;
 use model::{ModelWeights, ReferenceModel};
+use step::{AttentionNode, KvCapacity, SampleRequest, StepBatch, StepEntry};
 
 const PROMPT: usize = 32;
 const STEPS: usize = 12;

@@ -4,9 +4,7 @@
 
 use model::generate::{FinishReason, Generation, GenerationRequest};
 
-use crate::step::{
-    AttentionNode, Penalties, SampleRequest, SeqId, StepBatch, StepEntry, StepError,
-};
+use step::{AttentionNode, Penalties, SampleRequest, SeqId, StepBatch, StepEntry, StepError};
 
 /// Generates every request together; sequence ids are `first_seq + i`. Blocks are handed out
 /// contiguously; the node's cache must hold every prompt plus its `max_tokens`.

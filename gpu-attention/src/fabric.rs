@@ -13,7 +13,7 @@ use bytes::Bytes;
 use jetstream::{Region, RegionConfig, RegionDescriptor, Transport, WriteRequest, WriteTicket};
 use proto::data::{HEADER_LEN, Immediate};
 
-use crate::step::StepError;
+use step::StepError;
 
 /// Micro-batch slots per inbox and reply region.
 pub const SLOTS: usize = 2;
@@ -197,11 +197,9 @@ impl CardFabric for JetstreamFabric {
                         return Err(err);
                     }
                 }
-                return Err(StepError::Card {
-                    card: usize::MAX,
-                    message: format!(
-                        "no card replied within {timeout:?} ({e}); is every card process alive?"
-                    ),
+                return Err(StepError::NoReply {
+                    waited: timeout,
+                    reason: format!("{e}; is every card process alive?"),
                 });
             }
         };

@@ -13,7 +13,7 @@ use std::ops::Range;
 use model::ModelConfig;
 use model::forward::attention::{KvCache, KvRun, SeqId};
 
-use crate::step::KvCapacity;
+use step::KvCapacity;
 
 /// How much KV memory a node has and how it is cut into blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,13 +2,11 @@
 //!
 //! Owns the layers up to the MoE input (norms, attention, the paged KV cache), top-k routing,
 //! per-layer dispatch to the cards and combination of their partial sums over JetStream,
-//! micro-batch overlap, the LM-head proposal merge and sampling, and the step API
-//! ([`step::AttentionNode`]) the router drives; [`compute::on_own_pool`] puts the thread that
-//! steps a node at the head of its own compute pool.
+//! micro-batch overlap, the LM-head proposal merge and sampling: the concrete nodes behind the
+//! step API ([`step::AttentionNode`], in the `step` crate) that the router drives.
 //!
 //! Must not: depend on `corsair-ffn`; it knows the cards only through `proto` and `jetstream`.
 
-pub mod compute;
 pub mod dispatch;
 pub mod driver;
 pub mod fabric;
@@ -18,11 +16,6 @@ pub mod monolithic;
 pub mod node;
 pub mod remote;
 pub mod sampler;
-pub mod step;
 
 pub use monolithic::MonolithicNode;
 pub use node::{CardLayout, DisaggregatedNode, MicroBatches, NodeConfig};
-pub use step::{
-    AttentionNode, KvCapacity, Penalties, SampleRequest, SampledToken, SeqId, StepBatch, StepEntry,
-    StepError, StepOutput,
-};

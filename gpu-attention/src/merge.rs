@@ -19,7 +19,7 @@
 use model::sampling::{self, SamplingParams};
 use proto::data::Proposal;
 
-use crate::step::SampleRequest;
+use step::SampleRequest;
 
 /// The merged result of one row.
 #[derive(Debug, Clone, PartialEq)]
@@ -149,9 +149,9 @@ pub fn merge_row(
 mod tests {
     use super::*;
     use crate::sampler::{TokenHistory, sample_row};
-    use crate::step::Penalties;
     use proptest::prelude::*;
     use proto::data::Candidate;
+    use step::Penalties;
 
     /// What a card holding `tokens` of `logits` proposes.
     fn propose(

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use model::forward::{LogitsFor, ReferenceModel, SeqChunk};
 
 use crate::sampler::{TokenHistory, sample_row};
-use crate::step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 
 /// The reference model as an attention node.
 #[derive(Debug)]
@@ -139,9 +139,9 @@ impl AttentionNode for MonolithicNode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::step::{SampleRequest, StepEntry};
     use model::generate::{GenerationRequest, generate};
     use model::sampling::SamplingParams;
+    use step::{SampleRequest, StepEntry};
 
     fn tiny() -> (tempfile::TempDir, model::ModelWeights) {
         let dir = tempfile::tempdir().unwrap();

@@ -9,7 +9,7 @@ use proto::control::attention_server::{Attention, AttentionServer};
 use proto::control::{self as pb};
 use tonic::{Request, Response, Status};
 
-use crate::step::{
+use step::{
     AttentionNode, KvCapacity, Penalties, SampleRequest, SampledToken, SeqId, StepBatch, StepEntry,
     StepError, StepOutput,
 };
@@ -162,7 +162,9 @@ impl AttentionService {
 fn status(e: StepError) -> Status {
     match e {
         StepError::Invalid(m) => Status::invalid_argument(m),
-        StepError::Card { .. } | StepError::Unavailable(_) => Status::unavailable(e.to_string()),
+        StepError::Card { .. } | StepError::NoReply { .. } | StepError::Unavailable(_) => {
+            Status::unavailable(e.to_string())
+        }
         StepError::Model(m) => Status::internal(m),
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use model::sampling;
 
-use crate::step::{Penalties, SampleRequest, SampledToken, SeqId};
+use step::{Penalties, SampleRequest, SampledToken, SeqId};
 
 /// The tokens of one sequence, split into prompt and output, for penalties.
 #[derive(Debug, Clone, Default)]

@@ -90,6 +90,7 @@ pub enum Error {
     #[error("invalid input: {0}")]
     InvalidInput(String),
     /// A tensor operation failed inside candle.
+    #[cfg(feature = "forward")]
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),
 }

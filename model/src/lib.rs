@@ -18,12 +18,15 @@ pub mod mxfp4;
 pub mod weights;
 
 pub use weights::{ModelWeights, WeightFormat, WeightMatrix};
+#[cfg(feature = "forward")]
 pub mod forward;
 
+#[cfg(feature = "forward")]
 pub use forward::{LogitsFor, ReferenceModel, SeqChunk};
 pub mod synth;
 pub mod tokenizer;
 
 pub use tokenizer::ModelTokenizer;
+#[cfg(feature = "forward")]
 pub mod generate;
 pub mod sampling;

@@ -8,7 +8,7 @@ use std::sync::mpsc::{Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use gpu_attention::{AttentionNode, KvCapacity};
+use step::{AttentionNode, KvCapacity};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::config::RouterConfig;

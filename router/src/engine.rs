@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use gpu_attention::AttentionNode;
+use step::AttentionNode;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::GenerationError;
@@ -114,10 +114,10 @@ impl Engine {
     }
 
     /// Runs until shutdown or until every command sender is gone, on a compute pool of this
-    /// thread's own (see [`gpu_attention::compute::on_own_pool`]).
+    /// thread's own (see [`step::compute::on_own_pool`]).
     pub(crate) fn run(self) {
         let name = format!("afd-compute-{}", self.index);
-        gpu_attention::compute::on_own_pool(&name, || self.run_loop());
+        step::compute::on_own_pool(&name, || self.run_loop());
     }
 
     fn run_loop(mut self) {

@@ -12,10 +12,8 @@ use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use gpu_attention::step::SampledToken;
-use gpu_attention::{
-    AttentionNode, KvCapacity, SampleRequest, StepBatch, StepError, StepOutput, step::SeqId,
-};
+use step::SampledToken;
+use step::{AttentionNode, KvCapacity, SampleRequest, SeqId, StepBatch, StepError, StepOutput};
 
 /// Pauses a [`FakeNode`] between steps, so tests can hold requests in place deterministically.
 #[derive(Debug, Default)]

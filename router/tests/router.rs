@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_attention::step::Penalties;
-use gpu_attention::{AttentionNode, SampleRequest};
 use model::sampling::SamplingParams;
 use router::fake::{FakeNode, FakeNodeConfig, StepGate};
 use router::{Error, GenerationRequest, Router, RouterConfig, SchedulerConfig, SequenceParams};
+use step::Penalties;
+use step::{AttentionNode, SampleRequest};
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
     GenerationRequest {

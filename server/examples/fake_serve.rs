@@ -32,7 +32,7 @@ async fn main() -> anyhow::Result<()> {
                 step_delay: std::time::Duration::from_micros(delay_us),
                 ..Default::default()
             };
-            Box::new(FakeNode::new(config)) as Box<dyn gpu_attention::AttentionNode>
+            Box::new(FakeNode::new(config)) as Box<dyn step::AttentionNode>
         })
         .collect();
     let router = Router::start(

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::Stream;
-use gpu_attention::SampleRequest;
 use router::{
     FinishReason, GenerationRequest, RequestEvent, RequestStream, SequenceParams, TokenOutput,
 };
+use step::SampleRequest;
 
 use crate::detokenize::IncrementalDetokenizer;
 use crate::error::ApiError;

@@ -1,8 +1,8 @@
 //! Parse, don't validate: wire parameters become a [`Validated`] once, with errors that name the
 //! parameter and its bound (vLLM's wording where it has one).
 
-use gpu_attention::step::Penalties;
 use model::sampling::SamplingParams;
+use step::Penalties;
 
 use crate::error::ApiError;
 use crate::protocol::CommonParams;

@@ -177,7 +177,7 @@ async fn malformed_bodies_are_400() {
 #[tokio::test]
 async fn with_an_api_key_v1_routes_need_the_bearer_token_and_health_stays_open() {
     let node = router::fake::FakeNodeConfig::default();
-    let nodes: Vec<Box<dyn gpu_attention::AttentionNode>> =
+    let nodes: Vec<Box<dyn step::AttentionNode>> =
         vec![Box::new(router::fake::FakeNode::new(node.clone()))];
     let s = start_secured(node, nodes, router_config(8, 8), Some("sk-test")).await;
     let body = json!({"model": "tiny", "prompt": "a", "max_tokens": 2});

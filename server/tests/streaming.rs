@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use gpu_attention::{AttentionNode, KvCapacity, StepBatch, StepError, StepOutput, step::SeqId};
 use router::fake::{FakeNode, FakeNodeConfig, StepGate};
 use serde_json::{Value, json};
+use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 
 #[tokio::test]
 async fn completion_stream_matches_the_full_response() {

@@ -8,10 +8,10 @@ use model::forward::ops;
 use proto::data::{self, Immediate, LM_HEAD_LAYER, Proposal, RowSampling};
 
 use super::DisaggregatedNode;
-use super::step::MicroBatch;
+use super::pipeline::MicroBatch;
 use crate::merge::{MergeOutcome, candidates_needed, merge_row};
 use crate::sampler::sample_row;
-use crate::step::{SampleRequest, SampledToken, StepBatch, StepError, StepOutput};
+use step::{SampleRequest, SampledToken, StepBatch, StepError, StepOutput};
 
 /// Immediate layer code of the full-logits round (distinct from the proposals round).
 const FULL_LOGITS_LAYER: u16 = LM_HEAD_LAYER - 1;

@@ -3,7 +3,7 @@
 //! come back (DESIGN.md, "One decode step").
 
 mod lm_head;
-mod step;
+mod pipeline;
 mod trace;
 
 use std::collections::HashMap;
@@ -25,7 +25,7 @@ use crate::dispatch::ExpertPlacement;
 use crate::fabric::{CardFabric, SlotSizes};
 use crate::kv_cache::{KvCacheConfig, PagedKvCache};
 use crate::sampler::TokenHistory;
-use crate::step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 
 /// How a step is cut into micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

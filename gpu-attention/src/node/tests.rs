@@ -155,9 +155,9 @@ impl CardFabric for MemoryCards {
     }
 
     fn recv(&mut self, _timeout: Duration) -> Result<Reply, StepError> {
-        self.queue.pop_front().ok_or(StepError::Card {
-            card: usize::MAX,
-            message: "nothing to receive".into(),
+        self.queue.pop_front().ok_or(StepError::NoReply {
+            waited: _timeout,
+            reason: "nothing to receive".into(),
         })
     }
 

@@ -23,12 +23,12 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 pub use block_manager::BlockManager;
-use gpu_attention::{StepEntry, StepOutput};
 use request::Sequence;
 pub use request::{
     FinishReason, NewRequest, RequestId, RequestStatus, SchedulerOutput, SchedulerStats,
     SequenceParams, TokenOutput,
 };
+use step::{StepEntry, StepOutput};
 
 use crate::config::SchedulerConfig;
 use crate::error::Error;
@@ -303,7 +303,7 @@ impl Scheduler {
         output: &StepOutput,
         now: Instant,
     ) -> (Vec<TokenOutput>, Vec<RequestId>) {
-        let sampled: HashMap<u64, &gpu_attention::step::SampledToken> =
+        let sampled: HashMap<u64, &step::SampledToken> =
             output.sampled.iter().map(|s| (s.seq, s)).collect();
         let mut tokens = Vec::new();
         let mut failed = Vec::new();

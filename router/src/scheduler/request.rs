@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use gpu_attention::{SampleRequest, StepBatch};
+use step::{SampleRequest, StepBatch};
 
 /// A request's id, unique within one router; it is also the node's sequence id.
 pub type RequestId = u64;

@@ -3,10 +3,10 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use gpu_attention::step::Penalties;
-use gpu_attention::{AttentionNode, SampleRequest};
 use model::sampling::SamplingParams;
 use proptest::prelude::*;
+use step::Penalties;
+use step::{AttentionNode, SampleRequest};
 
 use super::*;
 use crate::fake::{FakeNode, FakeNodeConfig};

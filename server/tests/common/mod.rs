@@ -7,8 +7,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_attention::step::Penalties;
-use gpu_attention::{AttentionNode, SampleRequest};
 use model::ModelTokenizer;
 use model::sampling::SamplingParams;
 use model::synth::{Preset, SynthOptions, synthesize};
@@ -16,6 +14,8 @@ use router::fake::{FakeNode, FakeNodeConfig};
 use router::{Router, RouterConfig, SchedulerConfig};
 use serde_json::Value;
 use server::{Server, ServerConfig};
+use step::Penalties;
+use step::{AttentionNode, SampleRequest};
 
 /// A tiny GPT-OSS checkpoint folder (config, tokenizer, chat template; no weights).
 pub fn tiny_checkpoint() -> tempfile::TempDir {

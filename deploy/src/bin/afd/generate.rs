@@ -112,7 +112,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         stop_token_ids,
     };
     // This thread steps the model: make it a worker of the compute pool, as a server's engine is.
-    let generation = gpu_attention::compute::on_own_pool("afd-compute", || {
+    let generation = step::compute::on_own_pool("afd-compute", || {
         if args.reference {
             let weights = ModelWeights::load(&args.model)
                 .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;

@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use deploy::cluster::{ClusterConfig, EmbeddedCluster, StartEvent};
-use gpu_attention::AttentionNode;
 use indicatif::{ProgressBar, ProgressStyle};
 use router::{AfdStats, AfdStatsSource, Router, RouterConfig, SchedulerConfig};
 use server::{Server, ServerConfig};
+use step::AttentionNode;
 
 use crate::cluster_args::ClusterArgs;
 

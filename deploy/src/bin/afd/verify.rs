@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use deploy::cluster::EmbeddedCluster;
-use gpu_attention::AttentionNode;
 use model::forward::{LogitsFor, ReferenceModel, SeqChunk};
 use model::generate::GenerationRequest;
 use model::sampling::{SamplingParams, argmax};
 use model::{ModelWeights, WeightFormat};
+use step::AttentionNode;
 
 use crate::cluster_args::ClusterArgs;
 

@@ -1,11 +1,21 @@
 //! The step API of one attention node: what the router drives, in process or over tonic.
 //!
+//! Owns the types a step is made of ([`StepBatch`], [`StepEntry`], [`StepOutput`], ...), the
+//! [`AttentionNode`] trait, and [`compute::on_own_pool`], which puts the thread that steps a
+//! node at the head of its own compute pool.
+//!
+//! Must not: depend on the numerics or the transport (candle, quinn, tonic) or on any afd crate
+//! but `model`'s light part (its sampling parameters), so that the router and the HTTP server
+//! build and test without them. The concrete nodes live in `gpu-attention`.
+//!
 //! The router owns scheduling and KV-block allocation (as vLLM's scheduler does); the node owns
 //! the KV cache memory and the model math. Each step the router sends, per scheduled sequence,
 //! the new tokens (a prompt chunk, or the token sampled last step), where they start, the
 //! sequence's block table, and whether to sample after them. The node appends the tokens'
 //! keys and values into the given blocks, runs every layer (dispatching experts to the cards),
 //! and returns one sampled token (with logprobs) per sequence that asked for one.
+
+pub mod compute;
 
 use model::sampling::SamplingParams;
 
@@ -132,6 +142,15 @@ pub enum StepError {
         card: usize,
         /// What happened.
         message: String,
+    },
+    /// No card replied within the wait: which card is at fault is for the caller, who knows whom
+    /// it waits for, to say (it reports [`StepError::Card`] for them).
+    #[error("no card replied within {waited:?}: {reason}")]
+    NoReply {
+        /// How long the node waited.
+        waited: std::time::Duration,
+        /// What the transport said.
+        reason: String,
     },
     /// The model computation failed.
     #[error("model error: {0}")]

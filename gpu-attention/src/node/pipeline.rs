@@ -19,7 +19,7 @@ use super::{DisaggregatedNode, MicroBatches};
 use crate::dispatch::{DispatchPlan, combine, plan_dispatch};
 use crate::fabric::Reply;
 use crate::monolithic::validate_batch;
-use crate::step::{SeqId, StepBatch, StepError, StepOutput};
+use step::{SeqId, StepBatch, StepError, StepOutput};
 
 /// One micro-batch's state through the layers.
 pub(super) struct MicroBatch {
@@ -354,16 +354,13 @@ impl DisaggregatedNode {
                 .fabric
                 .recv(self.node.reply_timeout)
                 .map_err(|e| match e {
-                    StepError::Card {
-                        card: usize::MAX,
-                        message,
-                    } => StepError::Card {
+                    StepError::NoReply { .. } => StepError::Card {
                         card: cards
                             .iter()
                             .zip(&out)
                             .find(|(_, o)| o.is_none())
                             .map_or(0, |(c, _)| *c),
-                        message,
+                        message: e.to_string(),
                     },
                     other => other,
                 })?;
