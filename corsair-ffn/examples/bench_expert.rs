@@ -36,10 +36,9 @@ fn expert_bytes(mlp: &GatedMlp) -> Vec<&[u8]> {
     parts
 }
 
-/// Median of `v`.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// Median of `v` (loadtest's, numpy's interpolation); NaN when empty.
+fn median(v: Vec<f64>) -> f64 {
+    loadtest::stats::median(&v).unwrap_or(f64::NAN)
 }
 
 /// Seconds of one call of `f`.

@@ -140,16 +140,8 @@ impl HardwareProfile {
             .map_err(|e| Error::Profile(format!("not a valid profile: {e}")))?;
         let value: toml::Value =
             toml::from_str(text).map_err(|e| Error::Profile(format!("not valid TOML: {e}")))?;
-        for key in &profile.assumed {
-            let mut v = &value;
-            for part in key.split('.') {
-                v = v.get(part).ok_or_else(|| {
-                    Error::Profile(format!(
-                        "`assumed` names `{key}`, which the profile does not set"
-                    ))
-                })?;
-            }
-        }
+        check_listed_keys(&value, &[("assumed", &profile.assumed)])
+            .map_err(|e| Error::Profile(e.to_string()))?;
         profile.validate()?;
         Ok(profile)
     }
@@ -299,6 +291,41 @@ impl HardwareProfile {
     }
 }
 
+/// A key that one of a profile's lists (`assumed`, `calibrated`) names but the profile does
+/// not set.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{list}` names `{key}`, which the profile does not set")]
+pub struct UnsetKey {
+    /// The list naming it.
+    pub list: String,
+    /// The dotted key.
+    pub key: String,
+}
+
+/// Checks that every dotted key (`memory.sram_bytes`) of each named list is set in `value`, a
+/// profile file parsed as TOML: the check behind every profile's `assumed` (and the planner's
+/// `calibrated`), so a report can say exactly which figures are assumptions.
+pub fn check_listed_keys(
+    value: &toml::Value,
+    lists: &[(&str, &[String])],
+) -> std::result::Result<(), UnsetKey> {
+    for (list, keys) in lists {
+        for key in keys.iter() {
+            let set = key
+                .split('.')
+                .try_fold(value, |v, part| v.get(part))
+                .is_some();
+            if !set {
+                return Err(UnsetKey {
+                    list: (*list).to_owned(),
+                    key: key.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Where a byte of SRAM is: package, chiplet, gang, slice, core, bank and offset in the bank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SramLocation {
@@ -369,6 +396,26 @@ mod tests {
             DEFAULT_PROFILE_TOML.replace("\"compiler.tile_bytes\",", "\"compiler.no_such_key\",");
         let err = HardwareProfile::from_toml(&text).unwrap_err().to_string();
         assert!(err.contains("compiler.no_such_key"), "{err}");
+    }
+
+    #[test]
+    fn listed_keys_are_found_at_any_depth() {
+        let value: toml::Value = toml::from_str("a = 1\n[b]\nc = 2\n[b.d]\ne = 3\n").unwrap();
+        let keys = |k: &[&str]| k.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let set = keys(&["a", "b.c", "b.d.e", "b.d"]);
+        assert_eq!(check_listed_keys(&value, &[("assumed", &set)]), Ok(()));
+        let unset = keys(&["b.c", "b.d.f"]);
+        let err = check_listed_keys(&value, &[("assumed", &set), ("calibrated", &unset)]);
+        assert_eq!(
+            err,
+            Err(UnsetKey {
+                list: "calibrated".into(),
+                key: "b.d.f".into()
+            })
+        );
+        // A key below a value that is not a table is not set either.
+        let under_a_number = keys(&["a.x"]);
+        assert!(check_listed_keys(&value, &[("assumed", &under_a_number)]).is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! figure (`calibrated`); the loader checks that each listed key exists, so a report can say
 //! exactly which numbers are not public figures.
 
+use corsair_ffn::profile::check_listed_keys;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -103,23 +104,12 @@ pub struct NetworkProfile {
     pub nics_per_attention_node: usize,
 }
 
-/// Checks that every key listed in `assumed` and `calibrated` exists in the TOML value.
+/// Checks that every key listed in `assumed` and `calibrated` exists in the TOML text (the same
+/// check as the card's profile: [`corsair_ffn::profile::check_listed_keys`]).
 fn check_listed(text: &str, lists: &[(&str, &[String])]) -> Result<()> {
     let value: toml::Value =
         toml::from_str(text).map_err(|e| Error::Config(format!("not valid TOML: {e}")))?;
-    for (list, keys) in lists {
-        for key in keys.iter() {
-            let mut v = &value;
-            for part in key.split('.') {
-                v = v.get(part).ok_or_else(|| {
-                    Error::Config(format!(
-                        "`{list}` names `{key}`, which the profile does not set"
-                    ))
-                })?;
-            }
-        }
-    }
-    Ok(())
+    check_listed_keys(&value, lists).map_err(|e| Error::Config(e.to_string()))
 }
 
 fn positive(what: &str, values: &[(&str, f64)]) -> Result<()> {

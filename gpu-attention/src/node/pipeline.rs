@@ -370,7 +370,7 @@ impl DisaggregatedNode {
                 let message = data::decode_error(&bytes).map_or_else(|e| e.to_string(), |(_, m)| m);
                 return Err(StepError::Card { card, message });
             }
-            if immediate.step != self.step_counter & ((1 << 40) - 1) {
+            if immediate.step != Immediate::wire_step(self.step_counter) {
                 // A late reply of a failed earlier step: not ours to use.
                 tracing::warn!(card, step = immediate.step, "dropping a stale reply");
                 continue;

@@ -187,11 +187,21 @@ pub enum DecodeError {
     Utf8,
 }
 
+/// Bits of the step counter an [`Immediate`] carries (its low bits; the top of the 64).
+pub const IMMEDIATE_STEP_BITS: u32 = 40;
+/// The step bits an [`Immediate`] keeps: a step counter `s` comes back as
+/// `s & IMMEDIATE_STEP_MASK`.
+pub const IMMEDIATE_STEP_MASK: u64 = (1 << IMMEDIATE_STEP_BITS) - 1;
+/// Where the step starts in a packed immediate: above the layer and the micro-batch.
+pub const IMMEDIATE_STEP_SHIFT: u32 = IMMEDIATE_LAYER_SHIFT + u16::BITS;
+/// Where the layer starts in a packed immediate: above the micro-batch.
+pub const IMMEDIATE_LAYER_SHIFT: u32 = u8::BITS;
+
 /// The 64-bit immediate of a JetStream write: (step, layer, micro-batch), so a completion says
 /// what landed without reading the region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Immediate {
-    /// Step counter (low 40 bits kept).
+    /// Step counter (its low [`IMMEDIATE_STEP_BITS`] bits are kept).
     pub step: u64,
     /// Layer, or [`LM_HEAD_LAYER`].
     pub layer: u16,
@@ -202,16 +212,24 @@ pub struct Immediate {
 impl Immediate {
     /// Packs into 64 bits: step in the top 40, layer in the next 16, micro-batch in the low 8.
     pub fn pack(self) -> u64 {
-        ((self.step & ((1 << 40) - 1)) << 24) | ((self.layer as u64) << 8) | self.micro_batch as u64
+        (Self::wire_step(self.step) << IMMEDIATE_STEP_SHIFT)
+            | ((self.layer as u64) << IMMEDIATE_LAYER_SHIFT)
+            | self.micro_batch as u64
     }
 
     /// Unpacks what [`Self::pack`] made.
     pub fn unpack(v: u64) -> Self {
         Immediate {
-            step: v >> 24,
-            layer: (v >> 8) as u16,
+            step: v >> IMMEDIATE_STEP_SHIFT,
+            layer: (v >> IMMEDIATE_LAYER_SHIFT) as u16,
             micro_batch: v as u8,
         }
+    }
+
+    /// The step an immediate carries for step counter `step` (what [`Self::unpack`] gives
+    /// back), to compare a completion's step with a counter.
+    pub fn wire_step(step: u64) -> u64 {
+        step & IMMEDIATE_STEP_MASK
     }
 }
 

@@ -119,6 +119,15 @@ proptest! {
         let i = Immediate { step, layer, micro_batch: mb };
         prop_assert_eq!(Immediate::unpack(i.pack()), i);
     }
+
+    /// A step counter past the kept bits comes back as its low bits, the other fields intact.
+    #[test]
+    fn immediates_keep_the_low_step_bits(step in any::<u64>(), layer in any::<u16>(), mb in any::<u8>()) {
+        let back = Immediate::unpack(Immediate { step, layer, micro_batch: mb }.pack());
+        prop_assert_eq!(back.step, Immediate::wire_step(step));
+        prop_assert_eq!(back.step, step % (1 << 40));
+        prop_assert_eq!((back.layer, back.micro_batch), (layer, mb));
+    }
 }
 
 #[test]
