@@ -222,8 +222,7 @@ impl Card {
     }
 
     /// [`Self::lm_head`] with at most `candidates` per proposal (fewer than the compiled
-    /// default when the rows need fewer, e.g. one for greedy rows without logprobs; rows with
-    /// filters still widen their lists as [`crate::lm_head::propose`] says).
+    /// default when the rows need fewer, e.g. one for greedy rows without logprobs).
     pub fn lm_head_candidates(
         &mut self,
         x: &[f32],
@@ -252,7 +251,6 @@ impl Card {
             sampling: rows,
             candidates: CandidateOptions {
                 candidates: candidates.min(self.options.candidates.candidates),
-                ..self.options.candidates
             },
         };
         let produced = if n == 0 {

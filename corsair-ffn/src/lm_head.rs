@@ -1,29 +1,22 @@
-//! The LM-head shard's proposals: per token, the shard's best candidates, its log-sum-exp and a
+//! The LM-head shard's proposals: per token, the shard's best candidates, its log-sum-exps and a
 //! Gumbel-max winner, so that the attention node can pick the next token without the full
-//! logits (DESIGN.md, step 5).
+//! logits (DESIGN.md, step 5; the node's merge is `gpu_attention::merge`).
 //!
-//! What the attention node can compute exactly from the cards' proposals (each card's logits
-//! are the same bits whatever the card count, since a row's dot product does not depend on how
-//! the vocabulary is split):
-//! - **greedy**: the best candidate over all cards (highest logit, lowest id on ties);
-//! - **seeded sampling without filters**: the best `gumbel.score` over all cards (lowest id on
-//!   ties) is exactly [`model::sampling::sample`]'s token, since every token's score depends only
-//!   on (seed, position, token id) and its logit;
-//! - **logprobs** (rows that ask for them; other rows skip the shard's log-sum-exp): the
-//!   global log-sum-exp is `logsumexp` of the cards' `log_sum_exp`, so any candidate's
-//!   log-probability is exact up to rounding;
-//! - **top-k** (k at most the candidates returned; a card returns at least `top_k`): exact,
-//!   the global top k is inside the union of every card's top k;
-//! - **min-p**: a card returns every token whose scaled logit is within `ln(min_p)` of its own
-//!   best, a superset of the global survivors, so the filter is exact when no card hit the
-//!   `max_candidates` cap;
-//! - **top-p**: exact whenever the nucleus cut-off (the smallest logit kept, with probabilities
-//!   from the global `scaled_log_sum_exp`) is strictly above the last candidate logit of every
-//!   card whose list is truncated (`candidates.len() < shard_rows`); otherwise the node falls
-//!   back to gathering the full logits ([`crate::Card::lm_head_logits`]).
+//! Each card's logits are the same bits whatever the card count (a row's dot product does not
+//! depend on how the vocabulary is split), and a proposal carries:
+//! - the `candidates` best tokens of the shard (logit descending, lowest id first on ties):
+//!   one for a greedy row, the row's top-k (and one more), top logprobs, or the node's
+//!   candidate count for top-p and min-p rows, as the node asks;
+//! - the shard's log-sum-exp (rows that want logprobs: any candidate's logprob is then exact
+//!   up to rounding) and, for sampled rows, the log-sum-exp of `logits / temperature`: the
+//!   node combines the cards' into the probability of every candidate under the distribution
+//!   the row samples from, and bounds what the candidates leave out by each card's last one;
+//! - the shard's Gumbel-max winner (sampled rows): the best score over all cards is exactly
+//!   [`model::sampling::sample`]'s token for unfiltered rows, since every token's score depends
+//!   only on (seed, position, token id) and its logit.
 //!
-//! For filtered sampling the node recomputes the Gumbel scores of the allowed candidates with
-//! [`model::sampling::gumbel_score`] and takes the best; the cards' `gumbel` is for unfiltered rows.
+//! The card needs only the row's temperature and seed ([`RowSampling::params`]); filters are
+//! the node's to apply.
 
 use model::sampling::{SamplingParams, gumbel_winner, log_sum_exp};
 use serde::{Deserialize, Serialize};
@@ -31,7 +24,7 @@ use serde::{Deserialize, Serialize};
 /// How one token row picks its next token.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RowSampling {
-    /// Temperature, filters and seed (greedy by default).
+    /// Temperature and seed (greedy by default); the filters are not the card's to apply.
     pub params: SamplingParams,
     /// Position of the token in its sequence (the Gumbel counter).
     pub position: u64,
@@ -77,18 +70,13 @@ pub struct LmProposal {
 /// How many candidates to return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CandidateOptions {
-    /// Candidates per token by default. Default 64.
+    /// Candidates per token. Default 64.
     pub candidates: usize,
-    /// Most candidates a row with filters may ask for. Default 4096.
-    pub max_candidates: usize,
 }
 
 impl Default for CandidateOptions {
     fn default() -> Self {
-        CandidateOptions {
-            candidates: 64,
-            max_candidates: 4096,
-        }
+        CandidateOptions { candidates: 64 }
     }
 }
 
@@ -101,21 +89,11 @@ pub fn propose(
 ) -> LmProposal {
     let p = &row.params;
     let sampled = !p.is_greedy();
-    let mut want = options.candidates;
-    if p.top_k > 0 {
-        want = want.max(p.top_k);
-    }
-    let scaled: Option<Vec<f32>> =
-        sampled.then(|| logits.iter().map(|&l| l / p.temperature).collect());
-    if let (Some(s), true) = (&scaled, p.min_p > 0.0) {
-        // Every token within ln(min_p) of the shard's best survives some global maximum.
-        let best = s.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let floor = best + (p.min_p as f64).ln();
-        want = want.max(s.iter().filter(|&&v| v as f64 >= floor).count());
-    }
-    let want = want
-        .min(options.max_candidates.max(options.candidates))
-        .min(logits.len());
+    let want = options.candidates.min(logits.len());
+    let scaled_log_sum_exp = sampled.then(|| {
+        let scaled: Vec<f32> = logits.iter().map(|&l| l / p.temperature).collect();
+        log_sum_exp(&scaled)
+    });
     let order = |a: &u32, b: &u32| {
         logits[*b as usize]
             .total_cmp(&logits[*a as usize])
@@ -160,7 +138,7 @@ pub fn propose(
             .collect(),
         shard_rows: logits.len() as u32,
         log_sum_exp: row.logprobs.then(|| log_sum_exp(logits)),
-        scaled_log_sum_exp: scaled.as_deref().map(log_sum_exp),
+        scaled_log_sum_exp,
         gumbel,
     }
 }
@@ -216,10 +194,7 @@ mod tests {
         // Coarse logits, so ties (lowest id first) occur.
         for seed in 0..10 {
             let all: Vec<f32> = logits(300, seed).iter().map(|l| l.round()).collect();
-            let one = CandidateOptions {
-                candidates: 1,
-                ..Default::default()
-            };
+            let one = CandidateOptions { candidates: 1 };
             let row = RowSampling::default();
             let single = propose(&all, 5, &row, &one);
             let full = propose(&all, 5, &row, &CandidateOptions::default());
@@ -260,31 +235,33 @@ mod tests {
     }
 
     #[test]
-    fn filters_widen_the_candidate_list() {
+    fn sampled_rows_carry_the_log_sum_exp_of_the_scaled_logits() {
         let all = logits(3000, 1);
         let row = RowSampling {
             params: SamplingParams {
-                temperature: 1.0,
+                temperature: 0.7,
+                // Filters are the node's: they change nothing here.
                 top_k: 200,
                 min_p: 0.05,
+                top_p: 0.5,
                 ..Default::default()
             },
             position: 0,
             logprobs: false,
         };
-        let p = propose(&all, 0, &row, &CandidateOptions::default());
-        assert!(p.candidates.len() >= 200);
-        let allowed = model::sampling::allowed_tokens(
+        let p = propose(&all, 0, &row, &CandidateOptions { candidates: 10 });
+        assert_eq!(p.candidates.len(), 10);
+        assert_eq!(p.shard_rows, 3000);
+        assert!(p.log_sum_exp.is_none());
+        let scaled: Vec<f32> = all.iter().map(|l| l / 0.7).collect();
+        assert_eq!(p.scaled_log_sum_exp, Some(log_sum_exp(&scaled)));
+        let greedy = propose(
             &all,
-            &SamplingParams {
-                top_k: 0,
-                ..row.params
-            },
+            0,
+            &RowSampling::default(),
+            &CandidateOptions { candidates: 10 },
         );
-        assert!(
-            allowed
-                .iter()
-                .all(|t| p.candidates.iter().any(|c| c.token == *t))
-        );
+        assert!(greedy.scaled_log_sum_exp.is_none() && greedy.gumbel.is_none());
+        assert_eq!(greedy.candidates, p.candidates);
     }
 }

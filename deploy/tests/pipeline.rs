@@ -109,36 +109,47 @@ fn seeded_sampling_gives_the_same_tokens_for_every_card_count() {
     for name in ["gpt-oss-mxfp4", "qwen3-moe"] {
         let dir = fixtures().into_iter().find(|d| d.ends_with(name)).unwrap();
         let prompts = eight_prompts();
-        let sampling = SamplingParams {
+        let top_k = SamplingParams {
             temperature: 0.9,
             seed: 42,
             top_k: 20,
             ..Default::default()
         };
-        let one = generate(&dir, 1, &prompts, 8, sampling);
-        for cards in [2, 3, 4] {
-            assert_eq!(
-                generate(&dir, cards, &prompts, 8, sampling),
-                one,
-                "{name}: {cards} cards"
-            );
+        // Top-p and min-p, decided from the cards' candidates when they prove it.
+        let nucleus = SamplingParams {
+            temperature: 0.7,
+            seed: 7,
+            top_p: 0.9,
+            min_p: 0.05,
+            ..Default::default()
+        };
+        for sampling in [top_k, nucleus] {
+            let one = generate(&dir, 1, &prompts, 8, sampling);
+            for cards in [2, 3, 4] {
+                assert_eq!(
+                    generate(&dir, cards, &prompts, 8, sampling),
+                    one,
+                    "{name}: {cards} cards"
+                );
+            }
+            // The same as the reference's sampler.
+            let mut m =
+                model::ReferenceModel::new(model::ModelWeights::load(&dir).unwrap()).unwrap();
+            let requests: Vec<GenerationRequest> = prompts
+                .iter()
+                .map(|p| GenerationRequest {
+                    prompt: p.clone(),
+                    max_tokens: 8,
+                    sampling,
+                    stop_token_ids: vec![],
+                })
+                .collect();
+            let reference: Vec<Vec<u32>> = model::generate::generate(&mut m, &requests, 0)
+                .unwrap()
+                .into_iter()
+                .map(|g| g.output_ids)
+                .collect();
+            assert_eq!(one, reference, "{name} {sampling:?}");
         }
-        // The same as the reference's sampler.
-        let mut m = model::ReferenceModel::new(model::ModelWeights::load(&dir).unwrap()).unwrap();
-        let requests: Vec<GenerationRequest> = prompts
-            .iter()
-            .map(|p| GenerationRequest {
-                prompt: p.clone(),
-                max_tokens: 8,
-                sampling,
-                stop_token_ids: vec![],
-            })
-            .collect();
-        let reference: Vec<Vec<u32>> = model::generate::generate(&mut m, &requests, 0)
-            .unwrap()
-            .into_iter()
-            .map(|g| g.output_ids)
-            .collect();
-        assert_eq!(one, reference, "{name}");
     }
 }

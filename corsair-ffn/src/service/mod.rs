@@ -270,7 +270,6 @@ impl CardHost {
                 exec: self.config.exec,
                 candidates: CandidateOptions {
                     candidates: req.lm_head_candidates as usize,
-                    ..CandidateOptions::default()
                 },
             },
         )?;

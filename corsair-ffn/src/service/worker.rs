@@ -268,9 +268,11 @@ fn full_proposal(logits: &[f32], first: u32) -> Proposal {
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     Proposal {
         log_sum_exp: model::sampling::log_sum_exp(logits),
+        scaled_log_sum_exp: f64::NAN,
         winner: u32::MAX,
         winner_logit: 0.0,
         winner_score: f64::NEG_INFINITY,
+        shard_rows: logits.len() as u32,
         candidates: order
             .into_iter()
             .map(|i| Candidate {
@@ -288,9 +290,11 @@ fn to_wire(p: LmProposal) -> Proposal {
     };
     Proposal {
         log_sum_exp: p.log_sum_exp.unwrap_or(f64::NAN),
+        scaled_log_sum_exp: p.scaled_log_sum_exp.unwrap_or(f64::NAN),
         winner,
         winner_logit,
         winner_score,
+        shard_rows: p.shard_rows,
         candidates: p
             .candidates
             .into_iter()

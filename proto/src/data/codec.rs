@@ -1,8 +1,8 @@
 //! Encoding and checked decoding of the data-plane messages.
 
 use super::{
-    Candidate, DecodeError, HEADER_LEN, Header, Kind, MAGIC, Proposal, ROW_FLAG_LOGPROBS,
-    ROW_SAMPLING_LEN, RowSampling, VERSION, WireDtype, proposal_len,
+    Candidate, DecodeError, HEADER_LEN, Header, Kind, MAGIC, PROPOSAL_FIXED_LEN, Proposal,
+    ROW_FLAG_LOGPROBS, ROW_SAMPLING_LEN, RowSampling, VERSION, WireDtype, proposal_len,
 };
 
 /// Step, layer and micro-batch of a message, and its row dtype.
@@ -363,9 +363,12 @@ pub fn encode_proposals(
     encode_header(&h, out);
     for p in proposals {
         out.extend_from_slice(&p.log_sum_exp.to_le_bytes());
+        out.extend_from_slice(&p.scaled_log_sum_exp.to_le_bytes());
+        out.extend_from_slice(&p.winner_score.to_le_bytes());
         out.extend_from_slice(&p.winner.to_le_bytes());
         out.extend_from_slice(&p.winner_logit.to_le_bytes());
-        out.extend_from_slice(&p.winner_score.to_le_bytes());
+        out.extend_from_slice(&p.shard_rows.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
         for i in 0..slots {
             let c = p.candidates.get(i).copied().unwrap_or(Candidate {
                 logit: f32::NEG_INFINITY,
@@ -386,10 +389,12 @@ pub fn decode_proposals(bytes: &[u8]) -> Result<(Header, Vec<Proposal>), DecodeE
         .chunks_exact(per)
         .map(|b| Proposal {
             log_sum_exp: f64::from_bits(u64_at(b, 0)),
-            winner: u32_at(b, 8),
-            winner_logit: f32::from_bits(u32_at(b, 12)),
+            scaled_log_sum_exp: f64::from_bits(u64_at(b, 8)),
             winner_score: f64::from_bits(u64_at(b, 16)),
-            candidates: b[24..]
+            winner: u32_at(b, 24),
+            winner_logit: f32::from_bits(u32_at(b, 28)),
+            shard_rows: u32_at(b, 32),
+            candidates: b[PROPOSAL_FIXED_LEN..]
                 .chunks_exact(8)
                 .map(|c| Candidate {
                     logit: f32::from_bits(u32_at(c, 0)),

@@ -10,7 +10,7 @@
 //! | 2 | dense dispatch (attention -> card) | rows `[tokens, hidden]` |
 //! | 3 | partial sums (card -> attention) | rows `[tokens, hidden]` |
 //! | 4 | [`LmHeadDispatch`] (attention -> card) | normed rows `[tokens, hidden]`, then per row a [`RowSampling`] (24 bytes); `slots` = candidates wanted per row |
-//! | 5 | `LmHeadProposals` (card -> attention) | per row a [`Proposal`]: lse f64, winner u32, winner logit f32, winner score f64, then `slots` candidates (logit f32, id u32) |
+//! | 5 | `LmHeadProposals` (card -> attention) | per row a [`Proposal`]: lse f64, scaled lse f64, winner score f64, winner u32, winner logit f32, shard rows u32, 4 zero bytes, then `slots` candidates (logit f32, id u32; padding: id `u32::MAX`) |
 //! | 6 | error (card -> attention) | UTF-8 message of `tokens` bytes |
 
 mod codec;
@@ -22,7 +22,7 @@ pub use codec::*;
 /// First two bytes of every data-plane message.
 pub const MAGIC: [u8; 2] = *b"AF";
 /// The layout version this crate speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 32;
 /// Expert id marking an unused slot.
@@ -265,19 +265,28 @@ pub struct Candidate {
 /// One row's proposal from one card's vocabulary shard.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Proposal {
-    /// `ln(sum(exp(logit)))` over the shard.
+    /// `ln(sum(exp(logit)))` over the shard (rows that want logprobs; NaN otherwise).
     pub log_sum_exp: f64,
+    /// `ln(sum(exp(logit / T)))` over the shard, `T` the row's temperature (sampled rows; NaN
+    /// for greedy ones): with every card's, the probability of any candidate under the
+    /// distribution the row samples from.
+    pub scaled_log_sum_exp: f64,
     /// The shard's Gumbel-max winner (meaningful when the row's temperature is > 0).
     pub winner: u32,
     /// The winner's logit (so its logprob is known even when it is not a candidate).
     pub winner_logit: f32,
     /// The winner's Gumbel score (`logit / T + gumbel`).
     pub winner_score: f64,
-    /// The shard's best candidates, best first.
+    /// Vocabulary rows of the shard: the candidates are all of them when there are this many.
+    pub shard_rows: u32,
+    /// The shard's best candidates, highest logit first (lowest id first on ties).
     pub candidates: Vec<Candidate>,
 }
 
+/// Bytes of a [`Proposal`] before its candidates.
+pub const PROPOSAL_FIXED_LEN: usize = 40;
+
 /// Bytes of one encoded [`Proposal`] with `slots` candidates.
 pub fn proposal_len(slots: usize) -> usize {
-    24usize.saturating_add(slots.saturating_mul(8))
+    PROPOSAL_FIXED_LEN.saturating_add(slots.saturating_mul(8))
 }

@@ -1,0 +1,162 @@
+//! Merging the cards' LM-head proposals into one sampled token (no I/O).
+//!
+//! Each card holds a slice of the vocabulary and returns, per row, its best candidates
+//! (logit, id; logit descending, lowest id first on ties), how many vocabulary rows it holds,
+//! the log-sum-exp of its slice (rows that want logprobs) and of its slice over `logit / T`
+//! (sampled rows), and its Gumbel-max winner. What the merge gets exactly from those:
+//! - the log-sum-exp of the whole vocabulary (log-sum-exp of the cards' values), hence the
+//!   logprob of any token whose logit is known, exact up to the rounding of that sum;
+//! - **greedy** (temperature 0, whatever the filters say): the best candidate overall (each
+//!   card's best is among its candidates);
+//! - **seeded sampling without filters**: the best winner by Gumbel score; a token's score
+//!   depends only on (logit, seed, position, token id), so the draw is the same for any card
+//!   count;
+//! - **top-k, top-p and min-p** (any combination, at any temperature): the draw among the
+//!   allowed tokens when the candidates provably hold them and everything their choice depends
+//!   on ([`filtered`]): the min-p boundary (every card's last candidate below `min_p` times the
+//!   largest probability, or top-k ending the set first), the mass top-p renormalizes by (the
+//!   whole distribution's, from the cards' scaled log-sum-exps, or a set inside the candidates)
+//!   and the top-p cut (every card's last candidate below it). Top-k alone is decided whenever
+//!   each card returns `k + 1` candidates, barring ties in scaled logits; top-p and min-p when
+//!   the nucleus fits in each card's candidates (the node asks for
+//!   [`crate::NodeConfig::lm_head_candidates`] per card for such rows): peaked distributions,
+//!   the usual case, are decided here; flat ones gather;
+//! - the `n` best logprobs for `n` no larger than the candidates per card.
+//!
+//! What gathers: repetition, frequency and presence penalties (they change logits the cards do
+//! not know); top logprobs beyond the candidates per card; filtered rows whose proof fails
+//! (nucleus wider than the candidates, a decision within rounding of its threshold, ties at a
+//! card's cut). The merge then says [`MergeOutcome::NeedFullLogits`] and the node gathers every
+//! logit from the cards and samples exactly as the reference does.
+
+mod filtered;
+#[cfg(test)]
+mod tests;
+
+use model::sampling::SamplingParams;
+use proto::data::Proposal;
+
+use step::SampleRequest;
+
+/// The merged result of one row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergedToken {
+    /// The token.
+    pub token: u32,
+    /// Its logprob under the unfiltered, temperature-1 distribution.
+    pub logprob: f32,
+    /// The best tokens and their logprobs.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// What the merge could decide.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MergeOutcome {
+    /// Decided exactly from the proposals.
+    Done(MergedToken),
+    /// The request needs every logit of the row.
+    NeedFullLogits,
+}
+
+/// Whether a request may be merged from `candidates` per card without the full logits (a
+/// filtered row is then decided by the proof in [`merge_row`], which can still ask for them).
+pub fn mergeable(request: &SampleRequest, candidates: usize) -> bool {
+    !request.penalties.is_active() && request.top_logprobs <= candidates && candidates >= 1
+}
+
+/// Candidates per card that `request` needs, at most `cap`: one for the best token (greedy,
+/// or the pool a Gumbel winner falls back on); `top_k + 1` for top-k alone, so that the k-th
+/// token is not a card's last candidate; `cap` for top-p and min-p, whose nucleus the
+/// candidates must hold; and its top logprobs. A row the proposals cannot decide with `cap`
+/// candidates gathers every logit anyway, so it needs only one.
+pub fn candidates_needed(request: &SampleRequest, cap: usize) -> usize {
+    if !mergeable(request, cap) {
+        return 1;
+    }
+    let p = &request.params;
+    let pool = if p.is_greedy() {
+        1
+    } else if p.top_p < 1.0 || p.min_p > 0.0 {
+        cap
+    } else if p.top_k > 0 {
+        (p.top_k + 1).min(cap)
+    } else {
+        1
+    };
+    pool.max(request.top_logprobs)
+}
+
+/// Log-sum-exp of the cards' log-sum-exps.
+pub fn total_log_sum_exp(proposals: &[Proposal]) -> f64 {
+    let max = proposals
+        .iter()
+        .map(|p| p.log_sum_exp)
+        .fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return max;
+    }
+    max + proposals
+        .iter()
+        .map(|p| (p.log_sum_exp - max).exp())
+        .sum::<f64>()
+        .ln()
+}
+
+/// Every card's candidates together, best first (ties: lower id first).
+fn merged_candidates(proposals: &[Proposal]) -> Vec<(f32, u32)> {
+    let mut all: Vec<(f32, u32)> = proposals
+        .iter()
+        .flat_map(|p| p.candidates.iter().map(|c| (c.logit, c.token)))
+        .collect();
+    all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    all
+}
+
+/// Merges one row's proposals (one per card, any order) for `request` at `position`.
+pub fn merge_row(
+    proposals: &[Proposal],
+    request: &SampleRequest,
+    position: u64,
+    candidates: usize,
+) -> MergeOutcome {
+    if !mergeable(request, candidates) || proposals.is_empty() {
+        return MergeOutcome::NeedFullLogits;
+    }
+    // The cards computed no log-sum-exp for rows that want no logprobs.
+    let lse = if request.wants_logprobs() {
+        total_log_sum_exp(proposals)
+    } else {
+        f64::NAN
+    };
+    let logprob = |logit: f32| (logit as f64 - lse) as f32;
+    let merged = merged_candidates(proposals);
+    let Some(&(best_logit, best)) = merged.first() else {
+        return MergeOutcome::NeedFullLogits;
+    };
+    let params: &SamplingParams = &request.params;
+    let (token, logit) = if params.is_greedy() {
+        (best, best_logit)
+    } else if params.has_filters() {
+        match filtered::filtered_draw(proposals, params, position) {
+            Some(t) => t,
+            None => return MergeOutcome::NeedFullLogits,
+        }
+    } else {
+        let mut winner = (f64::NEG_INFINITY, u32::MAX, 0f32);
+        for p in proposals {
+            if p.winner_score > winner.0 || (p.winner_score == winner.0 && p.winner < winner.1) {
+                winner = (p.winner_score, p.winner, p.winner_logit);
+            }
+        }
+        (winner.1, winner.2)
+    };
+    MergeOutcome::Done(MergedToken {
+        token,
+        logprob: logprob(logit),
+        top_logprobs: merged
+            .iter()
+            .take(request.top_logprobs)
+            .map(|&(l, t)| (t, logprob(l)))
+            .collect(),
+    })
+}
