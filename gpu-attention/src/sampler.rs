@@ -139,6 +139,77 @@ mod tests {
         assert_eq!(logits, vec![1.0, -4.0, 0.5 - 0.5 - 0.5, 5.0]);
     }
 
+    /// A temperature too small to divide by (a subnormal, or anything below
+    /// `sampling::GREEDY_BELOW`) decodes greedily on every path that samples: the full-logits
+    /// sampler (with and without penalties or filters) and the merge of the cards' proposals,
+    /// and the token's logprob is the best token's.
+    #[test]
+    fn tiny_temperatures_sample_the_best_token_on_every_path() {
+        use crate::merge::{MergeOutcome, merge_row};
+        use proto::data::{Candidate, Proposal};
+
+        let logits = [-1.0f32, 0.5, 3.0, 2.5, 1.0, -4.0];
+        let raw = sampling::log_softmax(&logits);
+        let mut history = TokenHistory::default();
+        history.extend(&[4, 5], 2);
+        for temperature in [1e-45f32, 1e-40, 1e-38, 1e-30, 5e-6] {
+            let plain = SampleRequest {
+                params: sampling::SamplingParams {
+                    temperature,
+                    seed: 3,
+                    ..Default::default()
+                },
+                penalties: Penalties::default(),
+                logprobs: true,
+                top_logprobs: 1,
+            };
+            let filtered = SampleRequest {
+                params: sampling::SamplingParams {
+                    top_p: 0.9,
+                    top_k: 4,
+                    min_p: 0.01,
+                    ..plain.params
+                },
+                penalties: Penalties {
+                    presence: 0.1,
+                    frequency: 0.0,
+                    repetition: 1.1,
+                },
+                ..plain
+            };
+            for (name, request) in [("plain", &plain), ("filtered", &filtered)] {
+                for position in 0..16 {
+                    let got = sample_row(7, &logits, request, &history, position);
+                    assert_eq!(got.token, 2, "{name} at {temperature}");
+                    assert_eq!(got.logprob, raw[2], "{name} at {temperature}");
+                }
+            }
+            // Two cards, vocabulary halves; greedy rows carry no Gumbel winner.
+            let proposals: Vec<Proposal> = [0..3usize, 3..6]
+                .into_iter()
+                .map(|r| {
+                    let best = r.clone().max_by(|&a, &b| logits[a].total_cmp(&logits[b]));
+                    let best = best.unwrap_or(r.start);
+                    Proposal {
+                        log_sum_exp: sampling::log_sum_exp(&logits[r]),
+                        winner: u32::MAX,
+                        winner_logit: 0.0,
+                        winner_score: f64::NEG_INFINITY,
+                        candidates: vec![Candidate {
+                            logit: logits[best],
+                            token: best as u32,
+                        }],
+                    }
+                })
+                .collect();
+            let MergeOutcome::Done(merged) = merge_row(&proposals, &plain, 0, 1) else {
+                panic!("a greedy row merges from one candidate per card");
+            };
+            assert_eq!(merged.token, 2, "merge at {temperature}");
+            assert!((merged.logprob - raw[2]).abs() < 1e-6);
+        }
+    }
+
     #[test]
     fn top_n_orders_and_breaks_ties_by_id() {
         assert_eq!(top_n(&[0.1, 0.5, 0.5, -1.0], 2), vec![(1, 0.5), (2, 0.5)]);

@@ -7,11 +7,16 @@
 //! rest; `top_p` keeps the smallest most-probable prefix of those whose renormalized mass
 //! reaches `top_p`. The winner is `argmax(logit / T + gumbel(seed, position, token))` over what
 //! is left, which is an exact draw from the filtered, renormalized distribution.
+//!
+//! A temperature below [`GREEDY_BELOW`] (vLLM's threshold, 1e-5) decodes greedily: dividing
+//! logits by a tinier one overflows them to infinity in f32 (a subnormal such as 1e-40 would
+//! make every token tie), and the scaled logits would be so far apart that the noise could not
+//! change the winner anyway.
 
 /// How to pick the next token.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplingParams {
-    /// 0 means greedy.
+    /// 0 (or anything below [`GREEDY_BELOW`]) means greedy.
     pub temperature: f32,
     /// Nucleus mass in (0, 1]; 1 disables.
     pub top_p: f32,
@@ -41,9 +46,10 @@ impl SamplingParams {
         Self::default()
     }
 
-    /// Whether this is greedy decoding.
+    /// Whether this is greedy decoding: a temperature below [`GREEDY_BELOW`] (NaN too), which
+    /// every path that divides by the temperature treats as 0.
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0
+        !(self.temperature >= GREEDY_BELOW)
     }
 
     /// Whether any filter (top-k, top-p, min-p) is active.
@@ -51,6 +57,10 @@ impl SamplingParams {
         self.top_k > 0 || self.top_p < 1.0 || self.min_p > 0.0
     }
 }
+
+/// Temperatures below this decode greedily (vLLM's `_SAMPLING_EPS`): `logit / temperature`
+/// stays finite for any f32 logit up to 3e33 above it, and overflows for subnormal ones.
+pub const GREEDY_BELOW: f32 = 1e-5;
 
 fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E3779B97F4A7C15);
@@ -135,7 +145,7 @@ pub fn log_sum_exp(logits: &[f32]) -> f64 {
 
 /// The tokens allowed by the filters, most probable first (all tokens when none is active).
 pub fn allowed_tokens(logits: &[f32], params: &SamplingParams) -> Vec<u32> {
-    let t = params.temperature.max(f32::MIN_POSITIVE);
+    let t = params.temperature.max(GREEDY_BELOW);
     let scaled: Vec<f32> = logits.iter().map(|&l| l / t).collect();
     let lse = log_sum_exp(&scaled);
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
@@ -236,6 +246,36 @@ mod tests {
             );
         }
         assert!(gumbel_winner(&[], &SamplingParams::default(), 0, 0).is_none());
+    }
+
+    #[test]
+    fn temperatures_too_small_to_divide_by_decode_greedily() {
+        // Token 0 is the worst: were the logits divided by a subnormal, all would overflow to
+        // +-inf and the first of the tied infinities (token 0 or 1) would win.
+        let logits = [-1.0f32, 0.5, 3.0, 2.5];
+        for temperature in [0.0, 1e-45, 1e-40, 1e-38, f32::MIN_POSITIVE, 1e-30, 9.9e-6, f32::NAN] {
+            let params = SamplingParams {
+                temperature,
+                top_k: 3,
+                seed: 11,
+                ..Default::default()
+            };
+            assert!(params.is_greedy(), "{temperature}");
+            for position in 0..20 {
+                assert_eq!(sample(&logits, &params, position), 2, "{temperature}");
+                let no_filters = SamplingParams { top_k: 0, ..params };
+                assert_eq!(sample(&logits, &no_filters, position), 2, "{temperature}");
+            }
+        }
+        // From the threshold on, the scaled logits are finite and sampling is sampling.
+        let params = SamplingParams {
+            temperature: GREEDY_BELOW,
+            seed: 11,
+            ..Default::default()
+        };
+        assert!(!params.is_greedy());
+        assert!(logits.iter().all(|&l| (l / params.temperature).is_finite()));
+        assert_eq!(sample(&logits, &params, 0), 2);
     }
 
     #[test]
