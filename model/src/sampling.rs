@@ -49,7 +49,7 @@ impl SamplingParams {
     /// Whether this is greedy decoding: a temperature below [`GREEDY_BELOW`] (NaN too), which
     /// every path that divides by the temperature treats as 0.
     pub fn is_greedy(&self) -> bool {
-        !(self.temperature >= GREEDY_BELOW)
+        self.temperature.is_nan() || self.temperature < GREEDY_BELOW
     }
 
     /// Whether any filter (top-k, top-p, min-p) is active.
@@ -253,7 +253,16 @@ mod tests {
         // Token 0 is the worst: were the logits divided by a subnormal, all would overflow to
         // +-inf and the first of the tied infinities (token 0 or 1) would win.
         let logits = [-1.0f32, 0.5, 3.0, 2.5];
-        for temperature in [0.0, 1e-45, 1e-40, 1e-38, f32::MIN_POSITIVE, 1e-30, 9.9e-6, f32::NAN] {
+        for temperature in [
+            0.0,
+            1e-45,
+            1e-40,
+            1e-38,
+            f32::MIN_POSITIVE,
+            1e-30,
+            9.9e-6,
+            f32::NAN,
+        ] {
             let params = SamplingParams {
                 temperature,
                 top_k: 3,

@@ -104,12 +104,59 @@ impl Router {
     /// Admits a request and starts it on the least-loaded node. Fails at once with
     /// [`Error::QueueFull`] when `max_waiting` requests are already waiting.
     pub fn submit(&self, request: GenerationRequest) -> Result<RequestStream, Error> {
+        let mut streams = self.submit_all(vec![request])?;
+        streams.pop().ok_or(Error::NoNodes)
+    }
+
+    /// Whether a request of `sequences` sequences could ever be admitted: refuses, with
+    /// [`Error::TooManySequences`], one larger than `max_waiting`, which no wait would let in.
+    pub fn check_sequences(&self, sequences: usize) -> Result<(), Error> {
+        let limit = self.config.max_waiting;
+        if sequences > limit {
+            return Err(Error::TooManySequences { sequences, limit });
+        }
+        Ok(())
+    }
+
+    /// Admits every sequence of one client request (its prompts x `n` choices) or none: their
+    /// waiting slots are taken together, so a refused request leaves nothing behind that could
+    /// make the next client's request fail. Each sequence goes to the least-loaded node.
+    /// Fails with [`Error::TooManySequences`] when the group can never fit, and with
+    /// [`Error::QueueFull`] when it does not fit now.
+    pub fn submit_all(
+        &self,
+        requests: Vec<GenerationRequest>,
+    ) -> Result<Vec<RequestStream>, Error> {
+        let asked = requests.len();
+        self.check_sequences(asked)?;
         let limit = self.config.max_waiting;
         self.not_started_total
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                (w < limit).then_some(w + 1)
+                (w + asked <= limit).then_some(w + asked)
             })
-            .map_err(|waiting| Error::QueueFull { waiting, limit })?;
+            .map_err(|waiting| Error::QueueFull {
+                waiting,
+                asked,
+                limit,
+            })?;
+        let mut streams = Vec::with_capacity(asked);
+        for (sent, request) in requests.into_iter().enumerate() {
+            match self.place(request) {
+                Ok(stream) => streams.push(stream),
+                Err(e) => {
+                    // Slots of the sequences not sent go back now; those sent are aborted by
+                    // dropping their streams (their engines give their slots back).
+                    self.not_started_total
+                        .fetch_sub(asked - sent, Ordering::AcqRel);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(streams)
+    }
+
+    /// Sends one admitted sequence (its waiting slot already taken) to the least-loaded node.
+    fn place(&self, request: GenerationRequest) -> Result<RequestStream, Error> {
         let Some((index, node)) = self
             .nodes
             .iter()
@@ -117,7 +164,6 @@ impl Router {
             .filter(|(_, n)| n.shared.alive.load(Ordering::Acquire))
             .min_by_key(|(_, n)| n.shared.load.load(Ordering::Acquire))
         else {
-            self.not_started_total.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::NodeDown {
                 node: 0,
                 message: "every engine loop has stopped".into(),
@@ -139,7 +185,6 @@ impl Router {
         if node.commands.send(command).is_err() {
             node.shared.load.fetch_sub(1, Ordering::AcqRel);
             node.shared.not_started.fetch_sub(1, Ordering::AcqRel);
-            self.not_started_total.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::NodeDown {
                 node: index,
                 message: "its engine loop has stopped".into(),

@@ -12,13 +12,30 @@ pub enum Error {
     /// The request itself cannot be served (empty prompt, too long, ...).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
-    /// Too many requests are waiting; the client should retry later.
+    /// Too many requests are waiting for this one's sequences to join them now; the client
+    /// should retry later.
     #[error(
-        "the server is busy: {waiting} requests are already waiting (limit {limit}); retry later"
+        "the server is busy: {waiting} sequences are already waiting (limit {limit}) and this \
+         request needs {asked} more; retry later"
     )]
     QueueFull {
-        /// Requests waiting.
+        /// Sequences waiting.
         waiting: usize,
+        /// Sequences the refused request needed.
+        asked: usize,
+        /// The limit (`max_waiting`).
+        limit: usize,
+    },
+    /// A request has more sequences (prompts x `n`) than admission can ever take at once:
+    /// retrying cannot help, the request must be split.
+    #[error(
+        "this request needs {sequences} sequences (prompts x n), more than the server admits \
+         at once (max_waiting {limit}); send at most {limit} prompts x n per request, or raise \
+         --max-waiting"
+    )]
+    TooManySequences {
+        /// Sequences the request needs.
+        sequences: usize,
         /// The limit (`max_waiting`).
         limit: usize,
     },

@@ -11,10 +11,11 @@
 //!   [`BlockManager`]); tested with fake model outputs.
 //! - `engine`: the thin shell, one OS thread per attention node running
 //!   schedule -> free -> step -> update, with commands (submit, abort) over a channel.
-//! - [`Router`]: what the server holds. [`Router::submit`] admits a [`GenerationRequest`] (or
-//!   refuses it with [`Error::QueueFull`]), places it on the least-loaded node and returns a
-//!   [`RequestStream`] of [`TokenOutput`]s; dropping the stream aborts the request and frees
-//!   its KV blocks at once.
+//! - [`Router`]: what the server holds. [`Router::submit_all`] admits every sequence of a
+//!   client request (its [`GenerationRequest`]s) or none (refusing with [`Error::QueueFull`], or
+//!   [`Error::TooManySequences`] when they could never fit), places each on the least-loaded
+//!   node and returns a [`RequestStream`] of [`TokenOutput`]s per sequence; dropping a stream
+//!   aborts its request and frees its KV blocks at once.
 //! - [`stats`]: snapshots for metrics, including the [`AfdStats`] hooks of the disaggregated path.
 //! - [`fake`]: a deterministic fake attention node for tests without a model.
 

@@ -160,6 +160,7 @@ async fn a_full_queue_refuses_and_the_router_keeps_serving() {
     match router.submit(request(vec![63], 3)) {
         Err(Error::QueueFull {
             waiting: 1,
+            asked: 1,
             limit: 1,
         }) => {}
         other => panic!("expected QueueFull, got {other:?}"),
@@ -226,4 +227,125 @@ async fn invalid_configurations_are_refused() {
         Router::start(config(4, 10), Vec::new()),
         Err(Error::NoNodes)
     ));
+}
+
+/// A router whose only node is held in the step of a first request (max_num_seqs 1), so every
+/// later request waits and admission alone decides what is refused.
+async fn held_router(max_waiting: usize) -> (Router, Arc<StepGate>, router::RequestStream) {
+    let gate = StepGate::new();
+    let cfg = FakeNodeConfig {
+        gate: Some(Arc::clone(&gate)),
+        ..Default::default()
+    };
+    let router = Router::start(config(1, max_waiting), vec![fake(&cfg)]).unwrap();
+    gate.pause();
+    let first = router.submit(request(vec![60, 61], 50)).unwrap();
+    wait_for(&router, "the first request to start", |s| {
+        s.nodes[0].not_started == 0
+    })
+    .await;
+    (router, gate, first)
+}
+
+fn group(size: usize) -> Vec<GenerationRequest> {
+    (0..size).map(|i| request(vec![70 + i as u32], 2)).collect()
+}
+
+#[tokio::test]
+async fn a_group_larger_than_the_queue_is_refused_as_never_fitting_and_leaves_no_trace() {
+    let (router, gate, first) = held_router(8).await;
+    match router.submit_all(group(9)) {
+        Err(Error::TooManySequences {
+            sequences: 9,
+            limit: 8,
+        }) => {}
+        other => panic!("expected TooManySequences, got {other:?}"),
+    }
+    assert!(router.check_sequences(9).is_err());
+    assert!(router.check_sequences(8).is_ok());
+    // Every slot is still free: a group of exactly the limit is admitted at once.
+    let all = router.submit_all(group(8)).unwrap();
+    assert_eq!(all.len(), 8);
+    assert_eq!(router.stats().nodes[0].not_started, 8);
+    gate.resume();
+    drop(first);
+    for mut s in all {
+        let mut n = 0;
+        while let Some(ev) = s.next().await {
+            ev.unwrap();
+            n += 1;
+        }
+        assert_eq!(n, 2);
+    }
+}
+
+#[tokio::test]
+async fn a_group_that_does_not_fit_now_takes_no_slot_from_the_next_client() {
+    let (router, gate, first) = held_router(8).await;
+    let five = router.submit_all(group(5)).unwrap();
+    match router.submit_all(group(4)) {
+        Err(Error::QueueFull {
+            waiting: 5,
+            asked: 4,
+            limit: 8,
+        }) => {}
+        other => panic!("expected QueueFull, got {other:?}"),
+    }
+    // Nothing of the refused group was queued: the next three single requests all get in,
+    // right away, and only then is the queue full.
+    let singles: Vec<_> = (0..3)
+        .map(|i| router.submit(request(vec![90 + i], 2)).unwrap())
+        .collect();
+    assert!(matches!(
+        router.submit(request(vec![99], 2)),
+        Err(Error::QueueFull { waiting: 8, .. })
+    ));
+    assert_eq!(router.stats().nodes[0].not_started, 8);
+    gate.resume();
+    drop(first);
+    for mut s in five.into_iter().chain(singles) {
+        while let Some(ev) = s.next().await {
+            ev.unwrap();
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+    /// Admission is all-or-nothing: while nothing starts, a group is admitted exactly when it
+    /// fits beside what is already waiting, a refused group changes nothing, and the waiting
+    /// count never passes the limit.
+    #[test]
+    fn groups_are_admitted_whole_or_not_at_all(
+        limit in 1usize..12,
+        sizes in proptest::collection::vec(1usize..8, 1..12),
+    ) {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let (router, gate, first) = held_router(limit).await;
+            let mut waiting = 0;
+            let mut kept = Vec::new();
+            for size in sizes {
+                let result = router.submit_all(group(size));
+                match result {
+                    Ok(streams) => {
+                        assert!(waiting + size <= limit);
+                        assert_eq!(streams.len(), size);
+                        waiting += size;
+                        kept.extend(streams);
+                    }
+                    Err(Error::TooManySequences { .. }) => assert!(size > limit),
+                    Err(Error::QueueFull { waiting: w, asked, .. }) => {
+                        assert!(size <= limit && waiting + size > limit);
+                        assert_eq!((w, asked), (waiting, size));
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+                assert_eq!(router.stats().nodes[0].not_started, waiting);
+            }
+            gate.resume();
+            drop(first);
+            drop(kept);
+        });
+    }
 }

@@ -61,6 +61,7 @@ async fn handle(
     let req: ChatCompletionRequest = parse_body(body)?;
     state.check_model(req.common.model.as_deref())?;
     let params = validate_common(&req.common, &state.limits)?;
+    state.router.check_sequences(params.n)?;
     let max_lp = state.limits.max_logprobs;
     let want_logprobs = req.logprobs.unwrap_or(false);
     let top_logprobs = match req.top_logprobs {

@@ -82,6 +82,10 @@ async fn handle(
             "prompt must not be an empty list.",
         ));
     }
+    // Refuse a request that could never be admitted before tokenizing all its prompts.
+    state
+        .router
+        .check_sequences(items.len().saturating_mul(params.n))?;
     let add_special = req.add_special_tokens.unwrap_or(true);
     let mut prompts = Vec::with_capacity(items.len());
     let mut choices = Vec::new();

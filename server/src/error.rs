@@ -29,6 +29,24 @@ pub enum ApiError {
     /// The request lacks the server's API key (401).
     #[error("{0}")]
     Unauthorized(String),
+    /// The route exists but not for this method (405).
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// The client did not send its request in time (408).
+    #[error("{0}")]
+    RequestTimeout(String),
+    /// The body is larger than the server accepts (413).
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// The request target is too long (414).
+    #[error("{0}")]
+    UriTooLong(String),
+    /// The body is not JSON (415).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// The request's headers are too large or too many (431).
+    #[error("{0}")]
+    HeadersTooLarge(String),
     /// Too many requests are waiting (429).
     #[error("{0}")]
     Overloaded(String),
@@ -84,6 +102,12 @@ impl ApiError {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -96,10 +120,25 @@ impl ApiError {
             ApiError::BadRequest { .. } => "BadRequestError",
             ApiError::NotFound { .. } => "NotFoundError",
             ApiError::Unauthorized(_) => "AuthenticationError",
+            ApiError::MethodNotAllowed(_) => "MethodNotAllowedError",
+            ApiError::RequestTimeout(_) => "RequestTimeoutError",
+            ApiError::PayloadTooLarge(_) => "RequestEntityTooLargeError",
+            ApiError::UriTooLong(_) => "RequestURITooLongError",
+            ApiError::UnsupportedMediaType(_) => "UnsupportedMediaTypeError",
+            ApiError::HeadersTooLarge(_) => "RequestHeaderFieldsTooLargeError",
             ApiError::Overloaded(_) => "TooManyRequestsError",
             ApiError::Unavailable(_) => "ServiceUnavailableError",
             ApiError::Internal(_) => "InternalServerError",
         }
+    }
+
+    /// The envelope as JSON text.
+    pub fn json(&self) -> String {
+        // Serializing strings and integers cannot fail; the fallback only satisfies the type.
+        serde_json::to_string(&self.body()).unwrap_or_else(|_| {
+            r#"{"error":{"message":"internal error","type":"InternalServerError","param":null,"code":500}}"#
+                .to_string()
+        })
     }
 
     /// The envelope.
@@ -119,9 +158,20 @@ impl ApiError {
     }
 }
 
+/// Seconds a refused client is told to wait (`Retry-After` on 429 and 503): a waiting slot
+/// frees as soon as one queued request starts, which on a busy server is within a step or two.
+pub const RETRY_AFTER_SECONDS: u32 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status(), axum::Json(self.body())).into_response()
+        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if matches!(self, ApiError::Overloaded(_) | ApiError::Unavailable(_)) {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 
@@ -129,7 +179,9 @@ impl From<router::Error> for ApiError {
     fn from(e: router::Error) -> Self {
         match e {
             router::Error::QueueFull { .. } => ApiError::Overloaded(e.to_string()),
-            router::Error::InvalidRequest(_) => ApiError::bad_request(e.to_string()),
+            router::Error::InvalidRequest(_) | router::Error::TooManySequences { .. } => {
+                ApiError::bad_request(e.to_string())
+            }
             router::Error::NodeDown { .. } | router::Error::NoNodes => {
                 ApiError::Unavailable(e.to_string())
             }

@@ -102,7 +102,7 @@ pub enum ChoiceEvent {
 /// The merged stream of every choice.
 pub type ChoiceStream = Pin<Box<dyn Stream<Item = ChoiceEvent> + Send>>;
 
-/// Submits every choice; fails (aborting those already submitted) if the router refuses one.
+/// Submits every choice, all or none: fails, with nothing queued, if the router refuses them.
 pub fn start(
     state: &Arc<AppState>,
     spec: &GenerationSpec,
@@ -117,26 +117,32 @@ pub fn start(
     stop_token_ids.sort_unstable();
     stop_token_ids.dedup();
     let base_seed = p.seed.unwrap_or_else(rand::random);
-    let mut streams = Vec::with_capacity(choices.len());
-    for c in choices {
-        let mut sampling = p.sampling;
-        sampling.seed = base_seed.wrapping_add(c.sample_index as u64);
-        let request = GenerationRequest {
-            prompt: c.prompt.clone(),
-            params: SequenceParams {
-                max_tokens: c.max_tokens,
-                sample: SampleRequest {
-                    params: sampling,
-                    penalties: p.penalties,
-                    logprobs: spec.want_logprobs,
-                    top_logprobs: spec.top_logprobs,
+    let requests = choices
+        .iter()
+        .map(|c| {
+            let mut sampling = p.sampling;
+            sampling.seed = base_seed.wrapping_add(c.sample_index as u64);
+            GenerationRequest {
+                prompt: c.prompt.clone(),
+                params: SequenceParams {
+                    max_tokens: c.max_tokens,
+                    sample: SampleRequest {
+                        params: sampling,
+                        penalties: p.penalties,
+                        logprobs: spec.want_logprobs,
+                        top_logprobs: spec.top_logprobs,
+                    },
+                    stop_token_ids: stop_token_ids.clone(),
                 },
-                stop_token_ids: stop_token_ids.clone(),
-            },
-            arrival: spec.arrival,
-        };
+                arrival: spec.arrival,
+            }
+        })
+        .collect();
+    // Every choice is admitted, or none: a refusal leaves no queued choice behind.
+    let admitted = state.router.submit_all(requests)?;
+    let mut streams = Vec::with_capacity(admitted.len());
+    for (c, stream) in choices.into_iter().zip(admitted) {
         state.metrics.request_params(p.n, c.max_tokens);
-        let stream = state.router.submit(request)?;
         let tracker = ChoiceTracker {
             state: Arc::clone(state),
             index: c.index,

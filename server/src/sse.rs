@@ -29,11 +29,7 @@ pub fn json_event<T: Serialize>(value: &T) -> Event {
 
 /// An error as a data event.
 pub fn error_event(error: &ApiError) -> Event {
-    let json = serde_json::to_string(&error.body()).unwrap_or_else(|_| {
-        r#"{"error":{"message":"internal error","type":"InternalServerError","param":null,"code":500}}"#
-            .to_string()
-    });
-    Event::default().data(json)
+    Event::default().data(error.json())
 }
 
 struct Pump<W> {

@@ -1,7 +1,7 @@
 //! Parse, don't validate: wire parameters become a [`Validated`] once, with errors that name the
 //! parameter and its bound (vLLM's wording where it has one).
 
-use model::sampling::SamplingParams;
+use model::sampling::{GREEDY_BELOW, SamplingParams};
 use step::Penalties;
 
 use crate::error::ApiError;
@@ -77,6 +77,22 @@ pub fn validate_common(p: &CommonParams, limits: &Limits) -> Result<Validated, A
             format!("temperature must be non-negative, got {temperature}."),
         ));
     }
+    if temperature > f32::MAX as f64 {
+        return Err(bad(
+            "temperature",
+            format!(
+                "temperature must be at most {}, got {temperature}.",
+                f32::MAX
+            ),
+        ));
+    }
+    // Dividing logits by a temperature this small overflows them (a subnormal such as 1e-40
+    // made every token tie): such requests decode greedily, as vLLM treats them.
+    let temperature = if temperature < GREEDY_BELOW as f64 {
+        0.0
+    } else {
+        temperature
+    };
     let top_p = finite("top_p", p.top_p.unwrap_or(1.0))?;
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(bad(
@@ -289,6 +305,7 @@ mod tests {
     fn each_bad_parameter_is_named() {
         for (json, param) in [
             (serde_json::json!({"temperature": -0.5}), "temperature"),
+            (serde_json::json!({"temperature": 1e300}), "temperature"),
             (serde_json::json!({"top_p": 0.0}), "top_p"),
             (serde_json::json!({"top_p": 1.5}), "top_p"),
             (serde_json::json!({"top_k": -2}), "top_k"),
@@ -343,6 +360,18 @@ mod tests {
             v.include_usage,
             "vLLM: include_usage defaults to true once stream_options is set"
         );
+    }
+
+    #[test]
+    fn temperatures_too_small_to_divide_by_become_greedy() {
+        for t in [1e-40, 1e-38, 1e-30, 9.99e-6] {
+            let v = check(serde_json::json!({"temperature": t})).unwrap();
+            assert_eq!(v.sampling.temperature, 0.0, "{t}");
+            assert!(v.sampling.is_greedy());
+        }
+        let v = check(serde_json::json!({"temperature": 1e-5})).unwrap();
+        assert!(!v.sampling.is_greedy());
+        assert!(v.sampling.temperature > 0.0);
     }
 
     #[test]

@@ -169,6 +169,49 @@ async fn sampling_parameters_reach_the_node() {
 }
 
 #[tokio::test]
+async fn temperatures_too_small_to_divide_by_are_greedy() {
+    let observed = Arc::new(Mutex::new(Vec::new()));
+    let node = FakeNodeConfig {
+        observed: Some(Arc::clone(&observed)),
+        ..Default::default()
+    };
+    let s = start_with(node, 1, router_config(8, 16)).await;
+    let prompt = s.encode("It is a truth");
+    let greedy = s.expected(&prompt, 6);
+    for temperature in [0.0, 1e-40, 1e-38, 1e-20, 9e-6] {
+        let (status, v) = s
+            .post(
+                "/v1/completions",
+                json!({"prompt": prompt, "max_tokens": 6, "temperature": temperature, "seed": 3,
+                       "return_token_ids": true, "ignore_eos": true}),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(
+            v["choices"][0]["token_ids"],
+            json!(greedy),
+            "temperature {temperature}"
+        );
+        let seen = observed.lock().unwrap().clone();
+        assert_eq!(
+            seen.last().unwrap().params.temperature,
+            0.0,
+            "{temperature}"
+        );
+    }
+    // From vLLM's 1e-5 on it samples.
+    let (status, _) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 1, "temperature": 1e-5}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let seen = observed.lock().unwrap().clone();
+    assert!(!seen.last().unwrap().params.is_greedy());
+}
+
+#[tokio::test]
 async fn completion_logprobs_and_echo() {
     let s = start().await;
     let (_, v) = s

@@ -129,6 +129,15 @@ async fn a_full_queue_answers_429_and_the_server_keeps_serving() {
     assert_eq!(status, 429, "{v}");
     assert_eq!(v["error"]["code"], 429);
     assert!(v["error"]["message"].as_str().unwrap().contains("retry"));
+    let r = s
+        .client
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": "c", "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert_eq!(r.headers()["retry-after"], "1", "429 says when to retry");
     gate.resume();
     assert_eq!(first.await.unwrap().0, 200);
     assert_eq!(second.await.unwrap().0, 200);
@@ -136,4 +145,81 @@ async fn a_full_queue_answers_429_and_the_server_keeps_serving() {
         .post("/v1/completions", json!({"prompt": "d", "max_tokens": 3}))
         .await;
     assert_eq!(status, 200, "still serving after refusing");
+}
+
+#[tokio::test]
+async fn a_request_that_can_never_be_admitted_is_400_naming_the_limit() {
+    let s = start_with(FakeNodeConfig::default(), 1, router_config(4, 8)).await;
+    let chat = json!({"messages": [{"role": "user", "content": "a"}], "n": 9, "max_tokens": 2});
+    let completions = json!({"prompt": vec!["a"; 12], "max_tokens": 2});
+    let pairs = json!({"prompt": vec!["a"; 3], "n": 3, "max_tokens": 2});
+    for (path, body, sequences) in [
+        ("/v1/chat/completions", chat, 9),
+        ("/v1/completions", completions, 12),
+        ("/v1/completions", pairs, 9),
+    ] {
+        let (status, v) = s.post(path, body).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["type"], "BadRequestError");
+        let message = v["error"]["message"].as_str().unwrap();
+        for part in [
+            &format!("{sequences} sequences"),
+            "max_waiting 8",
+            "--max-waiting",
+        ] {
+            assert!(message.contains(part), "{part}: {message}");
+        }
+    }
+    // Exactly the limit is admitted and served.
+    let (status, v) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": vec!["a"; 4], "n": 2, "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 8);
+}
+
+#[tokio::test]
+async fn a_refused_request_takes_no_waiting_slot_from_the_next_client() {
+    let gate = StepGate::new();
+    let node = FakeNodeConfig {
+        gate: Some(Arc::clone(&gate)),
+        ..Default::default()
+    };
+    // One running sequence, eight waiting slots.
+    let s = Arc::new(start_with(node, 1, router_config(1, 8)).await);
+    gate.pause();
+    let post = |body: Value| {
+        let s = Arc::clone(&s);
+        tokio::spawn(async move { s.post("/v1/completions", body).await })
+    };
+    let first = post(json!({"prompt": "a", "max_tokens": 2}));
+    s.wait_metric("vllm:num_requests_running", |v| v == 1.0)
+        .await;
+    let five = post(json!({"prompt": vec!["b"; 5], "max_tokens": 2}));
+    s.wait_metric("vllm:num_requests_waiting", |v| v == 5.0)
+        .await;
+    // Four more do not fit now: refused whole...
+    let (status, v) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": vec!["c"; 4], "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(status, 429, "{v}");
+    // ... leaving all three free slots to the next clients, at once.
+    let singles: Vec<_> = (0..3)
+        .map(|_| post(json!({"prompt": "d", "max_tokens": 2})))
+        .collect();
+    s.wait_metric("vllm:num_requests_waiting", |v| v == 8.0)
+        .await;
+    gate.resume();
+    assert_eq!(first.await.unwrap().0, 200);
+    assert_eq!(five.await.unwrap().0, 200);
+    for single in singles {
+        let (status, v) = single.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
 }
