@@ -191,10 +191,12 @@ mod tests {
                     let best = r.clone().max_by(|&a, &b| logits[a].total_cmp(&logits[b]));
                     let best = best.unwrap_or(r.start);
                     Proposal {
-                        log_sum_exp: sampling::log_sum_exp(&logits[r]),
+                        log_sum_exp: sampling::log_sum_exp(&logits[r.clone()]),
+                        scaled_log_sum_exp: f64::NAN,
                         winner: u32::MAX,
                         winner_logit: 0.0,
                         winner_score: f64::NEG_INFINITY,
+                        shard_rows: r.len() as u32,
                         candidates: vec![Candidate {
                             logit: logits[best],
                             token: best as u32,
