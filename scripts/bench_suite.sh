@@ -13,13 +13,20 @@
 #   OUT_DIR/comparison.md    every variant against monolithic (ratios side by side)
 #   OUT_DIR/overlap/...      2 cards, overlap on (2 micro-batches) against off (1)
 #   OUT_DIR/modeled.md       the cards' modeled (Corsair performance model) time per step
+#   OUT_DIR/rss.md           each server's peak resident memory (VmHWM), median over rounds
 #   OUT_DIR/*.svg (+ .png)   TPOT, TTFT and throughput against concurrency, one line per variant
 #   OUT_DIR/machine.txt      CPU, cores, memory, load, commit
-#   OUT_DIR/runs/, hf/, logs/, metrics/: the raw results
+#   OUT_DIR/runs/, hf/, logs/, metrics/, rss/: the raw results
 #
 # Variants: monolithic (afd serve --reference), afd with 1, 2 and 4 cards (2 micro-batches, the
 # overlap), afd with 2 cards and 1 micro-batch (no overlap), and Hugging Face transformers
 # `generate` (scripts/hf_generate_bench.py) when its Python has torch and transformers.
+# `afd-8cards` (8 cards, 2 micro-batches) runs only when --variants names it.
+# With --with-llamacpp, llama.cpp's llama-server is a variant too (`llama-server`), built from
+# source and fed a GGUF converted from the same checkpoint by scripts/bench_llamacpp.sh (both
+# cached under the cargo target folder), served with `-t THREADS -np <largest concurrency> -kvu
+# --no-cache-prompt -c <context>` and measured by afd-loadtest exactly like afd; it is then the
+# baseline of the comparison.
 #
 # Options (each also as an environment variable, in brackets):
 #   --family F          checkpoint family for afd synth [BENCH_FAMILY=mixtral]
@@ -33,9 +40,18 @@
 #   --variants LIST     a subset, e.g. monolithic,afd-2cards [BENCH_VARIANTS=all]
 #   --with-hf | --no-hf force or skip the transformers peer [BENCH_HF=auto]
 #   --hf-python PATH    Python with torch + transformers [HF_PYTHON=python3]
+#   --with-llamacpp     add llama.cpp's llama-server as a variant [BENCH_LLAMACPP=off]
+#   --llamacpp-threads N  llama-server -t [BENCH_LLAMACPP_THREADS=$(nproc)]
+#   --llamacpp-ctx N    llama-server -c, the KV cache's tokens shared by all slots
+#                       [BENCH_LLAMACPP_CTX=4096]
+#   --llamacpp-gguf FILE  where the converted checkpoint goes [BENCH_LLAMACPP_GGUF: in the cache]
+#   --llamacpp-args "..." extra flags for llama-server [BENCH_LLAMACPP_ARGS]
+#   --baseline NAME     the variant the ratios are against [BENCH_BASELINE: llama-server when it
+#                       ran, else the first variant]
 #   --port P            port for afd serve [BENCH_PORT=18731]
 #   --serve-args "..."  extra flags for every afd serve [BENCH_SERVE_ARGS]
-# BENCH_COMMIT names the commit in machine.txt when the source is not a git checkout.
+# BENCH_COMMIT names the commit in machine.txt when the source is not a git checkout;
+# LLAMACPP_CACHE and LLAMACPP_VERSION are passed on to scripts/bench_llamacpp.sh.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,6 +68,12 @@ hf_mode="${BENCH_HF:-auto}"
 hf_python="${HF_PYTHON:-python3}"
 port="${BENCH_PORT:-18731}"
 serve_extra="${BENCH_SERVE_ARGS:-}"
+llamacpp_mode="${BENCH_LLAMACPP:-off}"
+llamacpp_threads="${BENCH_LLAMACPP_THREADS:-$(nproc)}"
+llamacpp_ctx="${BENCH_LLAMACPP_CTX:-4096}"
+llamacpp_gguf="${BENCH_LLAMACPP_GGUF:-}"
+llamacpp_extra="${BENCH_LLAMACPP_ARGS:-}"
+baseline="${BENCH_BASELINE:-}"
 out=""
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -72,6 +94,12 @@ while [[ $# -gt 0 ]]; do
         --with-hf) hf_mode=on; shift ;;
         --no-hf) hf_mode=off; shift ;;
         --hf-python) need_value "$@"; hf_python="$2"; shift 2 ;;
+        --with-llamacpp) llamacpp_mode=on; shift ;;
+        --llamacpp-threads) need_value "$@"; llamacpp_threads="$2"; shift 2 ;;
+        --llamacpp-ctx) need_value "$@"; llamacpp_ctx="$2"; shift 2 ;;
+        --llamacpp-gguf) need_value "$@"; llamacpp_gguf="$2"; shift 2 ;;
+        --llamacpp-args) need_value "$@"; llamacpp_extra="$2"; shift 2 ;;
+        --baseline) need_value "$@"; baseline="$2"; shift 2 ;;
         --port) need_value "$@"; port="$2"; shift 2 ;;
         --serve-args) need_value "$@"; serve_extra="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
@@ -83,7 +111,9 @@ done
 [[ "$concurrency" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--concurrency takes a list like 1,4,16, not '$concurrency'"
 [[ "$output_len" =~ ^[0-9]+$ && "$output_len" -ge 2 ]] || die "--output-len must be >= 2 (TPOT needs two tokens)"
 out="${out:-$repo/bench-results/suite-$(date -u +%Y%m%d-%H%M%S)}"
-mkdir -p "$out"/{runs,logs,metrics}
+case "$llamacpp_mode" in on|1|yes) llamacpp_mode=on ;; off|0|no) llamacpp_mode=off ;;
+    *) die "BENCH_LLAMACPP must be on or off, not '$llamacpp_mode'" ;; esac
+mkdir -p "$out"/{runs,logs,metrics,rss}
 out="$(cd "$out" && pwd)"
 
 # name|afd serve flags. Overlap on = 2 micro-batches (auto would also split at 2+ sequences).
@@ -93,13 +123,17 @@ all_variants=(
     "afd-2cards|--cards 2 --micro-batches 2"
     "afd-4cards|--cards 4 --micro-batches 2"
     "afd-2cards-no-overlap|--cards 2 --micro-batches 1"
+    "afd-8cards|--cards 8 --micro-batches 2"
 )
+default_variants=",monolithic,afd-1card,afd-2cards,afd-4cards,afd-2cards-no-overlap,"
 variants=()
 for v in "${all_variants[@]}"; do
     name="${v%%|*}"
-    if [[ "$variant_filter" == all || ",$variant_filter," == *",$name,"* ]]; then variants+=("$v"); fi
+    if [[ ( "$variant_filter" == all && "$default_variants" == *",$name,"* ) || ",$variant_filter," == *",$name,"* ]]; then variants+=("$v"); fi
 done
-[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap"
+# llama-server is the peer, not an afd deployment: --with-llamacpp adds it to any selection.
+if [[ $llamacpp_mode == on ]]; then variants+=("llama-server|"); fi
+[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards"
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$out/suite.log" >&2; }
 
@@ -121,6 +155,28 @@ if [[ -z "$model" ]]; then
     fi
 fi
 [[ -f "$model/config.json" ]] || die "no config.json in $model: pass a Hugging Face checkpoint folder with --model"
+
+# --- llama.cpp ----------------------------------------------------------------------------------
+if [[ $llamacpp_mode == on ]]; then
+    log "llama.cpp: building (once) and converting $model (scripts/bench_llamacpp.sh)"
+    llamacpp_flags=(--model "$model")
+    if [[ -n "$llamacpp_gguf" ]]; then llamacpp_flags+=(--gguf "$llamacpp_gguf"); fi
+    CARGO_TARGET_DIR="$target" "$repo/scripts/bench_llamacpp.sh" "${llamacpp_flags[@]}" \
+        >"$out/logs/llamacpp.env" 2>"$out/logs/llamacpp.log" \
+        || { tail -20 "$out/logs/llamacpp.log" >&2; die "scripts/bench_llamacpp.sh failed; see $out/logs/llamacpp.log"; }
+    while IFS='=' read -r key value; do
+        case "$key" in
+            LLAMACPP_SERVER) llama_server="$value" ;;
+            LLAMACPP_GGUF) llamacpp_gguf="$value" ;;
+            LLAMACPP_VERSION) llamacpp_version="$value" ;;
+        esac
+    done <"$out/logs/llamacpp.env"
+    [[ -x "${llama_server:-}" && -f "$llamacpp_gguf" ]] || die "scripts/bench_llamacpp.sh gave no server or GGUF; see $out/logs/llamacpp.log"
+fi
+# llama-server's slots: one per request of the largest concurrency.
+llamacpp_slots=0
+for c in ${concurrency//,/ }; do (( c > llamacpp_slots )) && llamacpp_slots=$c; done
+
 vocab="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$model/config.json" 2>/dev/null || echo 1000)"
 prompt_vocab=$(( vocab < 1000 ? vocab : 1000 ))
 
@@ -139,6 +195,9 @@ prompt_vocab=$(( vocab < 1000 ? vocab : 1000 ))
     echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "busiest processes at start (%cpu command): $(ps -eo pcpu=,comm= --sort=-pcpu | head -5 | awk '{printf "%s %s; ", $1, $2}')"
     echo "model: $model ($(du -sh "$model" | cut -f1))"
+    if [[ $llamacpp_mode == on ]]; then
+        echo "llama.cpp: ${llamacpp_version:-unknown}; $llamacpp_gguf ($(du -h "$llamacpp_gguf" | cut -f1)); llama-server -t $llamacpp_threads -np $llamacpp_slots -kvu --no-cache-prompt -c $llamacpp_ctx $llamacpp_extra"
+    fi
     echo "workload: input $input_len tokens, output $output_len tokens (ignore_eos), concurrency $concurrency, $prompts_per_slot x concurrency requests per run (at least 4), $rounds round(s)"
 } >"$out/machine.txt"
 cat "$out/machine.txt" >&2
@@ -172,20 +231,33 @@ trap 'stop_server; exit 130' INT TERM
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# The peak resident memory of the running server, in MiB (VmHWM: model, KV cache, buffers).
+peak_rss_mib() { awk '/^VmHWM:/ {printf "%.0f", $2 / 1024}' "/proc/$server_pid/status" 2>/dev/null; }
+
 # run_variant NAME ROUND FLAGS...
 run_variant() {
     local name="$1" round="$2"; shift 2
-    local logfile="$out/logs/$name-r$round.log"
+    local logfile="$out/logs/$name-r$round.log" what
     if port_busy "$port"; then die "port $port is in use; pick another with --port"; fi
-    log "round $round: $name: afd serve $*"
-    # shellcheck disable=SC2086
-    "$afd" serve --model "$model" --port "$port" --served-model-name bench "$@" $serve_extra \
-        >"$logfile" 2>&1 &
+    if [[ $name == llama-server ]]; then
+        what="llama-server"
+        log "round $round: $name: llama-server -t $llamacpp_threads -np $llamacpp_slots -kvu --no-cache-prompt -c $llamacpp_ctx $llamacpp_extra (load $(cut -d' ' -f1 /proc/loadavg))"
+        # shellcheck disable=SC2086
+        "$llama_server" -m "$llamacpp_gguf" --host 127.0.0.1 --port "$port" --alias bench \
+            -t "$llamacpp_threads" -np "$llamacpp_slots" -kvu --no-cache-prompt -c "$llamacpp_ctx" \
+            $llamacpp_extra >"$logfile" 2>&1 &
+    else
+        what="afd serve"
+        log "round $round: $name: afd serve $* (load $(cut -d' ' -f1 /proc/loadavg))"
+        # shellcheck disable=SC2086
+        "$afd" serve --model "$model" --port "$port" --served-model-name bench "$@" $serve_extra \
+            >"$logfile" 2>&1 &
+    fi
     server_pid=$!
     local waited=0
     until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
-        kill -0 "$server_pid" 2>/dev/null || { tail -20 "$logfile" >&2; die "afd serve ($name) exited; see $logfile"; }
-        (( waited++ < 600 )) || { stop_server; die "afd serve ($name) not healthy after 300 s; see $logfile"; }
+        kill -0 "$server_pid" 2>/dev/null || { tail -20 "$logfile" >&2; die "$what ($name) exited; see $logfile"; }
+        (( waited++ < 1200 )) || { stop_server; die "$what ($name) not healthy after 600 s; see $logfile"; }
         sleep 0.5
     done
     mkdir -p "$out/runs/$name"
@@ -202,7 +274,10 @@ run_variant() {
             || { tail -20 "$out/logs/$name-r$round.loadtest.log" >&2; stop_server; die "afd-loadtest failed on $name at concurrency $c"; }
         log "  c=$c: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("%.1f tok/s, median TPOT %.1f ms, %d failed" % (r["output_throughput"], r["median_tpot_ms"], r["failed"]))' "$out/runs/$name/r$round-c$c.json" 2>/dev/null || echo done)"
     done
-    curl -sf "http://127.0.0.1:$port/metrics" >"$out/metrics/$name-r$round.txt" || true
+    if [[ $name != llama-server ]]; then
+        curl -sf "http://127.0.0.1:$port/metrics" >"$out/metrics/$name-r$round.txt" || true
+    fi
+    peak_rss_mib >"$out/rss/$name-r$round.txt"
     stop_server
 }
 
@@ -232,7 +307,7 @@ echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/machine.txt
 
 # --- tables and plots ---------------------------------------------------------------------------
 inputs=()
-for v in "${all_variants[@]}"; do
+for v in "llama-server|" "${all_variants[@]}"; do
     name="${v%%|*}"
     if [[ -d "$out/runs/$name" ]]; then inputs+=("$name=$out/runs/$name"); fi
 done
@@ -242,7 +317,7 @@ for dir in "$out"/hf/r*; do
     if [[ ${#hf_files[@]} -gt 0 ]]; then inputs+=("hf-transformers=$dir"); fi
 done
 shopt -u nullglob
-baseline="${inputs[0]%%=*}"
+baseline="${baseline:-${inputs[0]%%=*}}"
 title="$family $preset, in $input_len / out $output_len tokens, $(nproc) cores"
 "$loadtest" compare "${inputs[@]}" --baseline "$baseline" --out "$out" --title "$title" \
     >/dev/null 2>"$out/logs/compare.log" || { cat "$out/logs/compare.log" >&2; die "afd-loadtest compare failed"; }
@@ -286,10 +361,25 @@ for name, runs in sorted(rows.items(), key=lambda kv: (kv[1][0][0], kv[0])):
           f"{median([1000 * r[2] / r[4] for r in runs]):.3f} |")
 EOF
 
+python3 - "$out" >"$out/rss.md" <<'EOF'
+import glob, os, re, statistics, sys
+out = sys.argv[1]
+rows = {}
+for path in sorted(glob.glob(os.path.join(out, "rss", "*.txt"))):
+    text = open(path).read().strip()
+    if text:
+        rows.setdefault(re.sub(r"-r\d+\.txt$", "", os.path.basename(path)), []).append(float(text))
+print("Peak resident memory of each server (VmHWM, at the end of its runs), median over rounds.\n")
+print("| variant | rounds | peak RSS, MiB |")
+print("|---|---:|---:|")
+for name, values in sorted(rows.items()):
+    print(f"| {name} | {len(values)} | {statistics.median(values):.0f} |")
+EOF
+
 if command -v rsvg-convert >/dev/null 2>&1; then
     for svg in "$out"/*.svg "$out"/overlap/*.svg; do
         [[ -f "$svg" ]] && rsvg-convert -b white "$svg" -o "${svg%.svg}.png"
     done
 fi
-log "done: $out/comparison.md (plots: tpot, throughput, ttft .svg/.png; overlap/; modeled.md)"
+log "done: $out/comparison.md (plots: tpot, throughput, ttft .svg/.png; overlap/; modeled.md; rss.md)"
 cat "$out/comparison.md"
