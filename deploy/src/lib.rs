@@ -15,5 +15,6 @@ pub mod launch;
 pub mod plan;
 pub mod process;
 pub mod remote;
+pub mod shutdown;
 
 pub use error::{Error, Result};

@@ -2,34 +2,14 @@
 //! requests over HTTP get exactly the tokens `afd generate` gives each prompt alone, chat
 //! works, and the cards' figures reach `/metrics`.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
 mod common;
 
-use common::{AFD, Proc, fixture, free_port, generate_alone};
-
-/// A minimal HTTP/1.1 exchange (`Connection: close`): status and body.
-fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
-        payload.len()
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
-}
+use common::{AFD, Proc, fixture, free_port, generate_alone, wait_healthy};
 
 #[test]
 fn afd_serve_matches_afd_generate_under_concurrency() {
@@ -47,14 +27,10 @@ fn afd_serve_matches_afd_generate_under_concurrency() {
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while http(port, "GET", "/health", None).map(|(s, _)| s) != Some(200) {
-        assert!(
-            Instant::now() < deadline,
-            "afd serve did not become healthy"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let address = format!("127.0.0.1:{port}");
+    wait_healthy(&address, Duration::from_secs(300));
+    let http =
+        |method: &str, path: &str, body: Option<&Value>| common::http(&address, method, path, body);
 
     let prompts: Vec<Vec<u32>> = (0..6u32)
         .map(|i| {
@@ -69,7 +45,12 @@ fn afd_serve_matches_afd_generate_under_concurrency() {
         .map(|p| {
             let body = json!({"model": "fixture", "prompt": p, "max_tokens": max_tokens,
                               "temperature": 0, "ignore_eos": true, "return_token_ids": true});
-            std::thread::spawn(move || http(port, "POST", "/v1/completions", Some(&body)))
+            {
+                let address = address.clone();
+                std::thread::spawn(move || {
+                    common::http(&address, "POST", "/v1/completions", Some(&body))
+                })
+            }
         })
         .collect();
     for (h, p) in handles.into_iter().zip(&prompts) {
@@ -91,7 +72,7 @@ fn afd_serve_matches_afd_generate_under_concurrency() {
 
     let chat =
         json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 4});
-    let (status, body) = http(port, "POST", "/v1/chat/completions", Some(&chat)).unwrap();
+    let (status, body) = http("POST", "/v1/chat/completions", Some(&chat)).unwrap();
     assert_eq!(status, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert!(
@@ -100,7 +81,7 @@ fn afd_serve_matches_afd_generate_under_concurrency() {
     );
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
 
-    let (_, metrics) = http(port, "GET", "/metrics", None).unwrap();
+    let (_, metrics) = http("GET", "/metrics", None).unwrap();
     for card in 0..2 {
         let line = format!("afd_card_modeled_seconds{{model_name=\"fixture\",card=\"{card}\"}}");
         assert!(metrics.contains(&line), "{line} missing");

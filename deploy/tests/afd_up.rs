@@ -3,8 +3,7 @@
 //! health check (what Kubernetes probes), and a SIGTERM stops everything with no process left
 //! behind; when a card dies, `afd up` stops the rest and exits non-zero naming it.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -138,22 +137,9 @@ impl Drop for Up {
     }
 }
 
-/// A minimal HTTP/1.1 exchange (`Connection: close`): status and body.
+/// An HTTP exchange that must get an answer.
 fn http(address: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-    let mut s = TcpStream::connect(address).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
-        payload.len()
-    );
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, body.to_string())
+    common::http(address, method, path, body).expect("an HTTP answer")
 }
 
 /// The address after `--listen` in a "[up] started ..." line of `name`.
@@ -244,6 +230,18 @@ fn afd_up_serves_a_completion_and_stops_every_process() {
         "{}",
         up.log.join("\n")
     );
+    // Each role drained and exited by itself on the signal, none was killed.
+    let log = up.log.join("\n");
+    assert!(!log.contains("did not stop within"), "{log}");
+    for (name, _) in &up.pids {
+        assert!(
+            up.log
+                .iter()
+                .any(|l| l.contains(&format!("[up] {name} (pid"))
+                    && l.contains("stopped: exit status: 0")),
+            "{name} did not exit 0:\n{log}"
+        );
+    }
 }
 
 #[test]

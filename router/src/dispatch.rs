@@ -2,11 +2,11 @@
 //! assignment of new requests to attention nodes, and per-request output streams whose drop
 //! aborts the request.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use step::{AttentionNode, KvCapacity};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -32,7 +32,7 @@ struct NodeHandle {
     commands: Sender<Command>,
     shared: Arc<NodeShared>,
     kv: KvCapacity,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Continuous batching over one or more attention nodes (one engine thread each).
@@ -75,7 +75,7 @@ impl Router {
                 commands: tx,
                 shared,
                 kv,
-                thread: Some(thread),
+                thread: Mutex::new(Some(thread)),
             });
         }
         Ok(Router {
@@ -214,18 +214,39 @@ impl Router {
     }
 }
 
-impl Drop for Router {
-    fn drop(&mut self) {
+impl Router {
+    /// Stops every engine loop (each after the step it is in): requests still running end
+    /// with [`crate::GenerationError::Shutdown`] and new ones are refused. Waits up to
+    /// `patience` for the loops' threads to end, so that what they hold (the attention nodes)
+    /// is dropped before the caller goes on; false when some did not end in time (they end
+    /// by themselves after their step).
+    pub fn shutdown(&self, patience: Duration) -> bool {
         for n in &self.nodes {
             let _ = n.commands.send(Command::Shutdown);
         }
-        // Join only loops that have already stopped: a node blocked in a step must not hang
-        // the caller; its thread ends by itself after that step.
-        for n in &mut self.nodes {
-            if let Some(t) = n.thread.take_if(|t| t.is_finished()) {
-                let _ = t.join();
+        let deadline = Instant::now() + patience;
+        let mut all = true;
+        for n in &self.nodes {
+            let mut slot = n.thread.lock().unwrap_or_else(PoisonError::into_inner);
+            while slot.as_ref().is_some_and(|t| !t.is_finished()) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            match slot.take_if(|t| t.is_finished()) {
+                Some(t) => {
+                    let _ = t.join();
+                }
+                None => all &= slot.is_none(),
             }
         }
+        all
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        // Join only loops that have already stopped: a node blocked in a step must not hang
+        // the caller; its thread ends by itself after that step.
+        self.shutdown(Duration::ZERO);
     }
 }
 

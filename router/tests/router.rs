@@ -349,3 +349,34 @@ proptest::proptest! {
         });
     }
 }
+
+#[tokio::test]
+async fn shutdown_ends_running_requests_and_joins_the_engines() {
+    let cfg = FakeNodeConfig {
+        step_delay: Duration::from_millis(2),
+        ..Default::default()
+    };
+    let router = Router::start(config(4, 16), vec![fake(&cfg), fake(&cfg)]).unwrap();
+    let mut a = router.submit(request(vec![40, 41], 400)).unwrap();
+    let mut b = router.submit(request(vec![42], 400)).unwrap();
+    a.next().await.unwrap().unwrap();
+    b.next().await.unwrap().unwrap();
+    let router = Arc::new(router);
+    let stopping = {
+        let router = Arc::clone(&router);
+        tokio::task::spawn_blocking(move || router.shutdown(Duration::from_secs(10)))
+    };
+    for stream in [&mut a, &mut b] {
+        let mut last = None;
+        while let Some(ev) = stream.next().await {
+            last = Some(ev);
+        }
+        assert_eq!(last, Some(Err(router::GenerationError::Shutdown)));
+    }
+    assert!(stopping.await.unwrap(), "both engine threads ended");
+    assert!(!router.is_healthy());
+    assert!(matches!(
+        router.submit(request(vec![43], 2)),
+        Err(Error::NodeDown { .. })
+    ));
+}

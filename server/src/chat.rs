@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -14,6 +13,7 @@ use crate::chat_template::{ChatFormat, RenderOptions, normalize_messages, render
 use crate::completions::parse_body;
 use crate::error::ApiError;
 use crate::generation::{self, ChoiceDelta, ChoiceEvent, ChoiceSpec, GenerationSpec, TokenLogprob};
+use crate::http::body::JsonBody;
 use crate::protocol::chat::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatLogprobEntry, ChatLogprobs, ChatMessage, TopLogprob,
@@ -24,7 +24,10 @@ use crate::state::AppState;
 use crate::validation::{resolve_max_tokens, validate_common};
 
 /// The handler.
-pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Response {
     let arrival = Instant::now();
     match handle(&state, &body, arrival).await {
         Ok(r) => r,

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -11,6 +10,7 @@ use futures::StreamExt;
 
 use crate::error::ApiError;
 use crate::generation::{self, ChoiceDelta, ChoiceEvent, ChoiceSpec, GenerationSpec, TokenLogprob};
+use crate::http::body::JsonBody;
 use crate::protocol::completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, OrderedLogprobs,
     PromptItem,
@@ -28,7 +28,7 @@ struct Prompt {
 }
 
 /// The handler.
-pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn completions(State(state): State<Arc<AppState>>, JsonBody(body): JsonBody) -> Response {
     let arrival = Instant::now();
     match handle(&state, &body, arrival).await {
         Ok(r) => r,

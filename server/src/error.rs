@@ -223,9 +223,6 @@ pub enum Error {
         /// The cause.
         source: std::io::Error,
     },
-    /// The HTTP server failed.
-    #[error("HTTP server error: {0}")]
-    Serve(std::io::Error),
     /// A setting is invalid.
     #[error("invalid server configuration: {0}")]
     Config(String),

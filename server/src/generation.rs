@@ -3,13 +3,14 @@
 //! stop-string matcher, recording the per-request metrics on the way.
 //!
 //! Dropping the stream (the client went away) drops every choice's [`RequestStream`], which
-//! aborts the requests and frees their KV blocks at once.
+//! aborts the requests and frees their KV blocks at once. A server that shuts down ends the
+//! stream with an error at the end of its drain ([`crate::lifecycle`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use router::{
     FinishReason, GenerationRequest, RequestEvent, RequestStream, SequenceParams, TokenOutput,
 };
@@ -17,6 +18,7 @@ use step::SampleRequest;
 
 use crate::detokenize::IncrementalDetokenizer;
 use crate::error::ApiError;
+use crate::lifecycle::Lifecycle;
 use crate::metrics::{FinishedReason, SequenceTiming};
 use crate::protocol::StopReason;
 use crate::state::AppState;
@@ -164,7 +166,28 @@ pub fn start(
         };
         streams.push(choice_stream(stream, tracker));
     }
-    Ok(Box::pin(futures::stream::select_all(streams)))
+    let merged: ChoiceStream = Box::pin(futures::stream::select_all(streams));
+    Ok(until_cut_off(merged, state.lifecycle.cut_signal()))
+}
+
+/// `choices` until the server cuts off what still runs at the end of a drain: then one
+/// error, and the end (dropping the choices aborts their requests).
+fn until_cut_off(
+    choices: ChoiceStream,
+    cut: impl std::future::Future<Output = ()> + Send + 'static,
+) -> ChoiceStream {
+    let cut: Pin<Box<dyn std::future::Future<Output = ()> + Send>> = Box::pin(cut);
+    Box::pin(futures::stream::unfold(
+        Some((choices, cut)),
+        |running| async move {
+            let (mut choices, mut cut) = running?;
+            tokio::select! {
+                biased;
+                () = &mut cut => Some((ChoiceEvent::Error(Lifecycle::cut_off_error()), None)),
+                event = choices.next() => event.map(|e| (e, Some((choices, cut)))),
+            }
+        },
+    ))
 }
 
 struct ChoiceTracker {

@@ -1,4 +1,4 @@
-//! `GET /health` (and `/ping`), `GET /metrics`, `GET /version`, and the JSON 404.
+//! `GET /health` (and `/ping`), `GET /metrics`, `GET /version`, and the JSON 404 and 405.
 
 use std::sync::Arc;
 
@@ -51,5 +51,16 @@ pub async fn not_found(uri: axum::http::Uri) -> Response {
         message: format!("no route {uri}: see /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /health, /metrics"),
         param: None,
     }
+    .into_response()
+}
+
+/// A known route asked with a method it does not take, in the OpenAI error shape (axum adds
+/// the `Allow` header listing the route's methods).
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    ApiError::MethodNotAllowed(format!(
+        "{method} is not allowed on {}: the Allow header of this response lists the methods it \
+         takes",
+        uri.path()
+    ))
     .into_response()
 }

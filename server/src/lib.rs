@@ -6,14 +6,17 @@
 //! Must not: schedule or compute; it hands validated requests to `router`.
 //!
 //! Entry point: [`Server::bind`] (or [`serve`]) with a [`ServerConfig`] and a running
-//! [`router::Router`]. Routes, as vLLM serves them: `POST /v1/completions`,
+//! [`router::Router`], then [`Server::run_until`] a stop signal, which drains (see
+//! [`lifecycle`]). Routes, as vLLM serves them: `POST /v1/completions`,
 //! `POST /v1/chat/completions`, `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /health` (`/ping`), `GET /metrics`, `GET /version`.
 //!
 //! Layout: I/O-free pieces ([`detokenize`], [`stop`], [`validation`], [`chat_template`],
 //! [`protocol`]) under a thin async layer: [`generation`] turns router token streams into
 //! per-choice text deltas; one module per endpoint formats them as JSON or SSE ([`sse`]);
-//! [`error::ApiError`] is the single mapping to HTTP statuses and error bodies.
+//! [`error::ApiError`] is the single mapping to HTTP statuses and error bodies, which every
+//! error the server answers carries, hyper's own included ([`http`]: the accept loop,
+//! connection bounds, header and body timeouts).
 
 pub mod chat;
 pub mod chat_template;
@@ -22,6 +25,8 @@ pub mod detokenize;
 pub mod error;
 pub mod generation;
 pub mod health;
+pub mod http;
+pub mod lifecycle;
 pub mod metrics;
 pub mod models;
 pub mod protocol;
@@ -34,14 +39,19 @@ pub mod validation;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use router::{AfdStatsSource, Router};
 
 pub use error::{ApiError, Error};
+use http::{Connections, HttpSettings};
+pub use lifecycle::Lifecycle;
 pub use state::{ApiKey, AppState, ServerConfig};
+
+/// After the drain deadline, how long the errors that end what was still running, and then
+/// the closing of the connections, may take.
+const CUT_OFF_GRACE: Duration = Duration::from_secs(5);
 
 /// The axum application over `state`.
 pub fn app(state: Arc<AppState>) -> axum::Router {
@@ -62,7 +72,38 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
         .route("/metrics", get(health::metrics))
         .route("/version", get(health::version))
         .fallback(health::not_found)
+        .method_not_allowed_fallback(health::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            refuse_while_draining,
+        ))
         .with_state(state)
+}
+
+/// While the server drains, every route but `/metrics` and `/version` answers 503 (the
+/// OpenAI error envelope; `/health` thereby tells load balancers to stop sending), and every
+/// answer closes its connection.
+async fn refuse_while_draining(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if !state.lifecycle.is_draining() {
+        return next.run(request).await;
+    }
+    let path = request.uri().path();
+    let mut response = if path == "/metrics" || path == "/version" {
+        next.run(request).await
+    } else {
+        Lifecycle::refusal().into_response()
+    };
+    // Clients go elsewhere for their next request instead of reusing this connection.
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// Refuses `/v1/*` requests without the configured API key (401, OpenAI error envelope).
@@ -87,6 +128,17 @@ async fn require_api_key(
         }
     }
     next.run(request).await
+}
+
+/// How a drain went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    /// HTTP exchanges in flight when the stop came.
+    pub in_flight: usize,
+    /// Exchanges still in flight at the deadline (or at a second stop), ended with an error.
+    pub cut_off: usize,
+    /// From the stop to the last connection closed.
+    pub took: Duration,
 }
 
 /// A bound, not yet running, HTTP server.
@@ -132,35 +184,73 @@ impl Server {
         &self.state
     }
 
-    /// Serves until `shutdown` completes.
+    /// Serves until `stop` completes, then drains: new requests get 503 while those in flight
+    /// finish, for at most `shutdown_timeout` (or until [`Lifecycle::cut_off`], say on a
+    /// second signal); whatever is still running then ends with an error event or error
+    /// JSON, and every connection is closed.
     pub async fn run_until(
         self,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<(), Error> {
-        let state = Arc::clone(&self.state);
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<DrainReport, Error> {
+        let state = self.state;
+        let config = &state.config;
+        let lifecycle = Arc::clone(&state.lifecycle);
+        let connections = Arc::new(Connections::new(
+            config
+                .max_connections
+                .unwrap_or_else(http::connection_limit),
+        ));
+        // Weak: the metrics upkeep must not keep the state (and what it holds) alive.
+        let upkeep_state = Arc::downgrade(&state);
         let upkeep = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(5));
             loop {
                 tick.tick().await;
-                state.metrics.upkeep();
+                match upkeep_state.upgrade() {
+                    Some(state) => state.metrics.upkeep(),
+                    None => break,
+                }
             }
         });
-        let listener = self.listener.tap_io(|tcp| {
-            // Tokens are small writes; do not let Nagle hold them back.
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "TCP_NODELAY");
+        let settings = HttpSettings {
+            header_timeout: config.header_timeout,
+        };
+        let accept = tokio::spawn(http::accept_loop(
+            self.listener,
+            app(Arc::clone(&state)),
+            Arc::clone(&lifecycle),
+            Arc::clone(&connections),
+            settings,
+        ));
+        stop.await;
+        let started = Instant::now();
+        let in_flight = lifecycle.in_flight();
+        lifecycle.start_draining();
+        let deadline = started + config.shutdown_timeout;
+        let mut cut_off = 0;
+        tokio::select! {
+            () = lifecycle.idle() => {}
+            () = tokio::time::sleep_until(deadline.into()) => {
+                cut_off = lifecycle.in_flight();
+                lifecycle.cut_off();
             }
-        });
-        let result = axum::serve(listener, app(self.state))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(Error::Serve);
+            () = lifecycle.cut_signal() => cut_off = lifecycle.in_flight(),
+        }
+        // What was cut off ends with an error; give those answers a moment to go out.
+        let _ = tokio::time::timeout(CUT_OFF_GRACE, lifecycle.idle()).await;
+        accept.abort();
         upkeep.abort();
-        result
+        connections.close_all();
+        let _ = tokio::time::timeout(CUT_OFF_GRACE, connections.empty()).await;
+        Ok(DrainReport {
+            in_flight,
+            cut_off,
+            took: started.elapsed(),
+        })
     }
 
-    /// Serves until Ctrl-C.
-    pub async fn run(self) -> Result<(), Error> {
+    /// Serves until Ctrl-C, then drains.
+    pub async fn run(self) -> Result<DrainReport, Error> {
         self.run_until(async {
             let _ = tokio::signal::ctrl_c().await;
         })
@@ -176,5 +266,5 @@ pub async fn serve(
 ) -> Result<(), Error> {
     let server = Server::bind(config, router, afd_stats).await?;
     tracing::info!(addr = %server.local_addr(), "serving");
-    server.run().await
+    server.run().await.map(|_| ())
 }

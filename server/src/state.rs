@@ -2,12 +2,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use model::{Family, ModelConfig, ModelTokenizer};
 use router::{AfdStatsSource, Router};
 
 use crate::chat_template::{ChatFormat, ChatTemplate};
 use crate::error::{ApiError, Error};
+use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::validation::Limits;
 
@@ -33,6 +35,21 @@ pub struct ServerConfig {
     /// Bearer token every `/v1/*` request must carry (`Authorization: Bearer ...`), as vLLM's
     /// `--api-key`; `None`: no authentication. `/health`, `/metrics` and the rest stay open.
     pub api_key: Option<ApiKey>,
+    /// How long a client has to send a whole request head, from the moment its connection
+    /// opens or its previous response ends; also how long an idle kept-alive connection stays
+    /// open. A partial head gets 408.
+    pub header_timeout: Duration,
+    /// How long a client has to send a request's whole body once its head has arrived (408
+    /// after it).
+    pub body_timeout: Duration,
+    /// Largest request body accepted: 413 beyond it, at once when `Content-Length` says so.
+    pub max_body_bytes: usize,
+    /// Most connections open at once; at the limit the oldest idle one is closed to make
+    /// room. `None`: the process's open-file limit less 256, at most 16384.
+    pub max_connections: Option<usize>,
+    /// After a stop signal, how long requests in flight may take to finish; what still runs
+    /// then ends with an error.
+    pub shutdown_timeout: Duration,
 }
 
 /// A secret that never appears in logs or `Debug` output.
@@ -73,6 +90,11 @@ impl Default for ServerConfig {
             max_n: 16,
             max_logprobs: 20,
             api_key: None,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_body_bytes: 2 << 20,
+            max_connections: None,
+            shutdown_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -107,6 +129,8 @@ pub struct AppState {
     pub afd_stats: Option<Arc<dyn AfdStatsSource>>,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
+    /// Draining and cutting off at shutdown.
+    pub lifecycle: Arc<Lifecycle>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -197,6 +221,7 @@ impl AppState {
             block_size,
             afd_stats,
             created: crate::protocol::unix_now(),
+            lifecycle: Arc::new(Lifecycle::default()),
             router,
             config,
         })

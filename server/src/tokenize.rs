@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -13,6 +12,7 @@ use crate::chat::render_prompt;
 use crate::chat_template::RenderOptions;
 use crate::completions::parse_body;
 use crate::error::ApiError;
+use crate::http::body::JsonBody;
 use crate::protocol::chat::ChatMessage;
 use crate::state::AppState;
 use crate::validation::check_token_ids;
@@ -48,7 +48,7 @@ fn respond(state: &AppState, r: Result<Value, ApiError>) -> Response {
 }
 
 /// `POST /tokenize`: `{count, max_model_len, tokens, token_strs}`.
-pub async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn tokenize(State(state): State<Arc<AppState>>, JsonBody(body): JsonBody) -> Response {
     let r = async {
         let req: TokenizeRequest = parse_body(&body)?;
         state.check_model(req.model.as_deref())?;
@@ -92,7 +92,7 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Respon
 }
 
 /// `POST /detokenize`: `{prompt}`.
-pub async fn detokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn detokenize(State(state): State<Arc<AppState>>, JsonBody(body): JsonBody) -> Response {
     let r = (|| {
         let req: DetokenizeRequest = parse_body(&body)?;
         state.check_model(req.model.as_deref())?;

@@ -179,6 +179,13 @@ impl Deployment {
                 "must be a positive number of seconds".into(),
             );
         }
+        let drain = self.server.shutdown_timeout;
+        if !(drain.is_finite() && drain >= 0.0) {
+            return bad(
+                "server.shutdown_timeout",
+                "must be a number of seconds, 0 or more".into(),
+            );
+        }
         if !a.addresses.is_empty() && a.addresses.len() != a.nodes {
             return bad(
                 "attention.addresses",

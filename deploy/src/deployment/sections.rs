@@ -255,6 +255,10 @@ pub struct ServerSection {
     pub api_key: Option<String>,
     /// Requests allowed to wait for a slot; beyond it the server answers 429. Default 1024.
     pub max_waiting: usize,
+    /// Seconds requests in flight may take to finish after SIGTERM or SIGINT (the frontend
+    /// answers new ones 503 meanwhile, and attention nodes keep serving the sequences they
+    /// hold); what still runs then ends with an error. Default 30.
+    pub shutdown_timeout: f64,
 }
 
 impl Default for ServerSection {
@@ -264,6 +268,7 @@ impl Default for ServerSection {
             port: 8000,
             api_key: None,
             max_waiting: 1024,
+            shutdown_timeout: 30.0,
         }
     }
 }

@@ -155,3 +155,14 @@ fn round_trips_through_toml() {
     assert_eq!(again.cards.count, 5);
     assert_eq!(again.workload.batch, 64);
 }
+
+#[test]
+fn shutdown_timeout_is_seconds_and_not_negative() {
+    assert_eq!(parse("").unwrap().server.shutdown_timeout, 30.0);
+    let d = parse("[server]\nshutdown_timeout = 2.5\n").unwrap();
+    assert_eq!(d.server.shutdown_timeout, 2.5);
+    let e = parse("[server]\nshutdown_timeout = -1.0\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("server.shutdown_timeout"), "{e}");
+}

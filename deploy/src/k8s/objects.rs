@@ -214,8 +214,9 @@ impl Builder<'_> {
         json!({
             "containers": [container],
             "volumes": self.volumes(),
-            // Children stop on SIGINT; SIGTERM's default action ends them just as well.
-            "terminationGracePeriodSeconds": 15,
+            // SIGTERM drains every role for up to server.shutdown_timeout; the rest covers
+            // ending what still runs and closing, before Kubernetes sends SIGKILL.
+            "terminationGracePeriodSeconds": self.d.server.shutdown_timeout.ceil() as u64 + 15,
         })
     }
 

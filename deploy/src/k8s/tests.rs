@@ -141,3 +141,24 @@ fn the_api_key_reaches_the_frontend_from_its_own_secret_and_stays_out_of_the_con
     assert_eq!(key["valueFrom"]["secretKeyRef"]["name"], "afd-api-key");
     assert_eq!(key["valueFrom"]["secretKeyRef"]["key"], "api-key");
 }
+
+#[test]
+fn every_pod_gets_time_to_drain_before_kubernetes_kills_it() {
+    for (text, grace) in [
+        (TEXT.to_string(), 45),
+        (format!("{TEXT}[server]\nshutdown_timeout = 50.5\n"), 66),
+    ] {
+        let m = render(&deployment(&text), &K8sOptions::default()).unwrap();
+        let pods: Vec<&Value> = m
+            .objects()
+            .filter(|o| o["spec"]["template"].is_object())
+            .collect();
+        assert_eq!(pods.len(), 4);
+        for o in pods {
+            assert_eq!(
+                o["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], grace,
+                "{text}"
+            );
+        }
+    }
+}

@@ -266,6 +266,8 @@ pub fn frontend_args(
         d.attention.max_num_batched_tokens.to_string(),
         "--max-waiting".into(),
         d.server.max_waiting.to_string(),
+        "--shutdown-timeout".into(),
+        d.server.shutdown_timeout.to_string(),
     ];
     let served = d.model.served_name.clone().or_else(|| {
         Path::new(&paths.model)

@@ -3,9 +3,11 @@
 //! Each test crate uses a part of it.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 /// The `afd` binary under test.
 pub const AFD: &str = env!("CARGO_BIN_EXE_afd");
@@ -32,6 +34,42 @@ pub fn afd_ok(configure: impl FnOnce(&mut Command) -> &mut Command) -> Vec<u8> {
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout
+}
+
+/// A minimal HTTP/1.1 exchange with `address` (`Connection: close`): status and body, or
+/// `None` when nothing (or no complete head) came back.
+pub fn http(
+    address: &str,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(address).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
+        payload.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// Waits until `GET /health` at `address` answers 200 (at most `within`).
+pub fn wait_healthy(address: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while http(address, "GET", "/health", None).map(|(s, _)| s) != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "{address} did not become healthy"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A loopback port free right now.

@@ -13,7 +13,7 @@ use model::synth::{Preset, SynthOptions, synthesize};
 use router::fake::{FakeNode, FakeNodeConfig};
 use router::{Router, RouterConfig, SchedulerConfig};
 use serde_json::Value;
-use server::{Server, ServerConfig};
+use server::{DrainReport, Server, ServerConfig};
 use step::Penalties;
 use step::{AttentionNode, SampleRequest};
 
@@ -38,6 +38,7 @@ pub struct TestServer {
     pub node: FakeNodeConfig,
     pub tokenizer: ModelTokenizer,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    running: Option<tokio::task::JoinHandle<Result<DrainReport, server::Error>>>,
 }
 
 impl Drop for TestServer {
@@ -45,6 +46,17 @@ impl Drop for TestServer {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
+    }
+}
+
+impl TestServer {
+    /// Sends the stop signal (the server starts draining) and returns the running server,
+    /// which resolves once it has drained and closed.
+    pub fn stop(&mut self) -> tokio::task::JoinHandle<Result<DrainReport, server::Error>> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.running.take().expect("stopped once")
     }
 }
 
@@ -82,20 +94,33 @@ pub async fn start_secured(
     router: RouterConfig,
     api_key: Option<&str>,
 ) -> TestServer {
+    start_configured(node, nodes, router, |config| {
+        config.api_key = api_key.map(server::ApiKey::new);
+    })
+    .await
+}
+
+/// A server over `nodes` with its settings changed by `configure`.
+pub async fn start_configured(
+    node: FakeNodeConfig,
+    nodes: Vec<Box<dyn AttentionNode>>,
+    router: RouterConfig,
+    configure: impl FnOnce(&mut ServerConfig),
+) -> TestServer {
     let dir = tiny_checkpoint();
     let router = Router::start(router, nodes).unwrap();
-    let config = ServerConfig {
+    let mut config = ServerConfig {
         host: "127.0.0.1".into(),
         port: 0,
         model_dir: dir.path().to_path_buf(),
         served_model_name: Some("tiny".into()),
-        api_key: api_key.map(server::ApiKey::new),
         ..Default::default()
     };
+    configure(&mut config);
     let server = Server::bind(config, router, None).await.unwrap();
     let addr = server.local_addr();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run_until(async {
+    let running = tokio::spawn(server.run_until(async {
         let _ = rx.await;
     }));
     TestServer {
@@ -105,6 +130,7 @@ pub async fn start_secured(
         dir,
         node,
         shutdown: Some(tx),
+        running: Some(running),
     }
 }
 
@@ -252,4 +278,14 @@ pub fn script_node(text: &str, extra: &[u32]) -> FakeNodeConfig {
 
 pub fn shared<T>(v: T) -> Arc<T> {
     Arc::new(v)
+}
+
+/// Tokens a completions stream carried (it asked for `return_token_ids`), over all chunks: a
+/// chunk holds several when the client fell behind.
+pub fn streamed_tokens(chunks: &[Value]) -> usize {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["token_ids"].as_array())
+        .map(Vec::len)
+        .sum()
 }

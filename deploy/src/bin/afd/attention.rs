@@ -6,11 +6,13 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use deploy::cluster::ClusterConfig;
-use deploy::deployment::Deployment;
+use deploy::deployment::{Deployment, ServerSection};
 use deploy::remote::connect_remote_node;
+use deploy::shutdown::{CountedNode, StopSignals};
 use gpu_attention::remote::AttentionService;
 
 use crate::cluster_args::NodeArgs;
@@ -43,21 +45,36 @@ pub struct AttentionArgs {
     /// UDP address of the JetStream data plane (default: the --listen host, any port).
     #[arg(long)]
     data_listen: Option<SocketAddr>,
+    /// Seconds to keep serving steps after SIGTERM or SIGINT, until the frontend has freed
+    /// every sequence this node holds; default 30, or, with --deployment, the file's
+    /// `server.shutdown_timeout`. A second signal stops at once.
+    #[arg(long)]
+    shutdown_timeout: Option<f64>,
     #[command(flatten)]
     node: NodeArgs,
 }
 
+/// What the node is told to run: its settings, the card addresses, and its drain time.
+struct Settings {
+    config: ClusterConfig,
+    cards: Vec<String>,
+    shutdown_timeout: Duration,
+}
+
 /// The node's settings and the card addresses, from the file or the flags.
-fn settings(args: &AttentionArgs) -> anyhow::Result<(ClusterConfig, Vec<String>)> {
+fn settings(args: &AttentionArgs) -> anyhow::Result<Settings> {
+    let timeout =
+        |file: f64| Duration::from_secs_f64(args.shutdown_timeout.unwrap_or(file).max(0.0));
     let Some(path) = &args.deployment else {
         let model = args
             .model
             .clone()
             .context("--model is required without --deployment")?;
-        return Ok((
-            args.node.config(model, args.cards.len()),
-            args.cards.clone(),
-        ));
+        return Ok(Settings {
+            config: args.node.config(model, args.cards.len()),
+            cards: args.cards.clone(),
+            shutdown_timeout: timeout(ServerSection::default().shutdown_timeout),
+        });
     };
     let mut deployment = Deployment::load(path)?;
     if let Some(model) = &args.model {
@@ -73,11 +90,22 @@ fn settings(args: &AttentionArgs) -> anyhow::Result<(ClusterConfig, Vec<String>)
         .cluster_config()
         .with_context(|| format!("the node settings of {}", path.display()))?;
     config.cards = cards.len();
-    Ok((config, cards))
+    Ok(Settings {
+        config,
+        cards,
+        shutdown_timeout: timeout(deployment.server.shutdown_timeout),
+    })
 }
 
+/// After the drain, how long the step service may take to close its connections.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
 pub fn run(args: AttentionArgs) -> anyhow::Result<()> {
-    let (config, cards) = settings(&args)?;
+    let Settings {
+        config,
+        cards,
+        shutdown_timeout,
+    } = settings(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -93,24 +121,69 @@ pub fn run(args: AttentionArgs) -> anyhow::Result<()> {
                 cards.join(",")
             )
         })?;
-    eprintln!(
-        "attention node {} serving {} on {} with {} cards",
-        args.id,
-        config.model.display(),
-        args.listen,
-        cards.len()
-    );
+    let node = CountedNode::new(Box::new(node));
+    let live = node.live();
     let service = AttentionService::new(Box::new(node)).into_server();
+    let id = args.id;
     runtime
         .block_on(async {
-            tonic::transport::Server::builder()
+            let mut signals = StopSignals::install()?;
+            eprintln!(
+                "attention node {id} serving {} on {} with {} cards",
+                config.model.display(),
+                args.listen,
+                cards.len()
+            );
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let server = tonic::transport::Server::builder()
                 .add_service(service)
                 // The standard gRPC health service too, for Kubernetes' grpc probes.
                 .add_service(tonic_health::server::health_reporter().1)
                 .serve_with_shutdown(args.listen, async {
-                    let _ = tokio::signal::ctrl_c().await;
-                })
-                .await
+                    let _ = stopped.await;
+                });
+            tokio::pin!(server);
+            let signal = tokio::select! {
+                served = &mut server => return served.map_err(anyhow::Error::from),
+                signal = signals.recv() => signal,
+            };
+            eprintln!(
+                "attention node {id}: {signal}: serving the {} sequence(s) it holds until the \
+                 frontend frees them, up to {:.0} s",
+                live.count(),
+                shutdown_timeout.as_secs_f64()
+            );
+            let deadline = tokio::time::Instant::now() + shutdown_timeout;
+            let mut poll = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tokio::select! {
+                    served = &mut server => return served.map_err(anyhow::Error::from),
+                    _ = poll.tick() => {
+                        if live.count() == 0 {
+                            break;
+                        }
+                        if tokio::time::Instant::now() >= deadline {
+                            eprintln!(
+                                "attention node {id}: {} sequence(s) still held at the deadline",
+                                live.count()
+                            );
+                            break;
+                        }
+                    }
+                    signal = signals.recv() => {
+                        eprintln!("attention node {id}: {signal} again: stopping now");
+                        break;
+                    }
+                }
+            }
+            let _ = stop.send(());
+            // A client that keeps its connection open must not hold the exit.
+            match tokio::time::timeout(CLOSE_GRACE, &mut server).await {
+                Ok(served) => served.map_err(anyhow::Error::from),
+                Err(_) => Ok(()),
+            }
         })
-        .with_context(|| format!("serving the step API on {}", args.listen))
+        .with_context(|| format!("serving the step API on {}", args.listen))?;
+    eprintln!("attention node {id}: stopped");
+    Ok(())
 }

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use corsair_ffn::service::grpc::CardService;
 use corsair_ffn::service::{CardHost, CardHostConfig, DataPlane};
 use corsair_ffn::{ExecOptions, HardwareProfile};
+use deploy::shutdown::StopSignals;
 use jetstream::{NodeIdentity, QuicConfig, QuicTransport};
 
 /// Run one card: wait for an attention node to load a shard, then serve it.
@@ -84,21 +85,38 @@ pub fn run(args: CardArgs) -> anyhow::Result<()> {
         DataPlane::Quic(transport),
         runtime.handle().clone(),
     ));
-    eprintln!(
-        "card {} ({name}): control plane on {}, data plane on udp {data_addr}; waiting for a shard",
-        args.id, args.listen
-    );
     let service = CardService::new(host.clone()).into_server();
     let served = runtime.block_on(async {
-        tonic::transport::Server::builder()
+        let mut signals = StopSignals::install()?;
+        eprintln!(
+            "card {} ({name}): control plane on {}, data plane on udp {data_addr}; waiting for a \
+             shard",
+            args.id, args.listen
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tonic::transport::Server::builder()
             .add_service(service)
             // The standard gRPC health service too, for Kubernetes' grpc probes.
             .add_service(tonic_health::server::health_reporter().1)
             .serve_with_shutdown(args.listen, async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
+                let _ = stopped.await;
+            });
+        tokio::pin!(server);
+        let signal = tokio::select! {
+            served = &mut server => return served.map_err(anyhow::Error::from),
+            signal = signals.recv() => signal,
+        };
+        eprintln!("card {}: {signal}: stopping", args.id);
+        let _ = stop.send(());
+        // An attention node that keeps its control connection open must not hold the exit.
+        match tokio::time::timeout(CLOSE_GRACE, &mut server).await {
+            Ok(served) => served.map_err(anyhow::Error::from),
+            Err(_) => Ok(()),
+        }
     });
     host.shutdown();
     served.with_context(|| format!("serving the card's control plane on {}", args.listen))
 }
+
+/// After a stop signal, how long the control plane may take to close its connections.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);

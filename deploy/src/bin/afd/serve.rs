@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use corsair_ffn::service::CardHost;
 use deploy::cluster::{ClusterConfig, EmbeddedCluster, StartEvent};
+use deploy::shutdown::StopSignals;
 use indicatif::{ProgressBar, ProgressStyle};
 use router::{AfdStats, AfdStatsSource, Router, RouterConfig, SchedulerConfig};
 use server::{Server, ServerConfig};
@@ -70,6 +72,11 @@ pub struct ServeArgs {
     /// Seconds to keep retrying --attention-addrs while they are still starting.
     #[arg(long, default_value_t = 300.0)]
     connect_timeout: f64,
+    /// Seconds requests in flight may take to finish after SIGTERM or SIGINT (the server
+    /// answers new ones 503 meanwhile); what still runs then ends with an error. A second
+    /// signal ends it at once. Deployment-file key: `server.shutdown_timeout`.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_timeout: f64,
     #[command(flatten)]
     cluster: ClusterArgs,
 }
@@ -90,10 +97,12 @@ fn bundled_model() -> PathBuf {
     }
 }
 
-/// What keeps a deployment alive while it serves (the cards, their I/O runtime).
+/// What keeps a deployment alive while it serves (the cards, their I/O runtime). Owned by
+/// `run` alone and dropped on its thread once the HTTP runtime and the router's engines are
+/// gone: it holds a tokio runtime, which must not be dropped inside an async task.
 pub enum Deployment {
     /// Cards in this process.
-    Embedded(Arc<EmbeddedCluster>),
+    Embedded(EmbeddedCluster),
     /// The reference model; nothing to keep.
     Reference,
     /// Attention nodes in other processes, reached over gRPC driven by this runtime.
@@ -156,17 +165,18 @@ pub fn build_nodes(
         .into_iter()
         .map(|node| Box::new(node) as Box<dyn AttentionNode>)
         .collect();
-    Ok((Deployment::Embedded(Arc::new(cluster)), nodes))
+    Ok((Deployment::Embedded(cluster), nodes))
 }
 
-/// The disaggregated path's figures for `/metrics`.
+/// The disaggregated path's figures for `/metrics`: the cards alone, never the cluster, so the
+/// server's tasks cannot end up owning (and dropping) the cluster's runtime.
 struct ClusterStats {
-    cluster: Arc<EmbeddedCluster>,
+    cards: Vec<Arc<CardHost>>,
 }
 
 impl AfdStatsSource for ClusterStats {
     fn snapshot(&self) -> AfdStats {
-        let cards = self.cluster.card_stats();
+        let cards: Vec<_> = self.cards.iter().map(|c| c.stats()).collect();
         AfdStats {
             card_modeled_seconds: cards.iter().map(|c| c.modeled_seconds).collect(),
             jetstream_bytes_per_card: cards.iter().map(|c| c.bytes_in + c.bytes_out).collect(),
@@ -293,7 +303,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let router = Router::start(router_config, nodes).context("starting the router")?;
     let afd_stats: Option<Arc<dyn AfdStatsSource>> = match &deployment {
         Deployment::Embedded(c) => Some(Arc::new(ClusterStats {
-            cluster: Arc::clone(c),
+            cards: c.cards.clone(),
         })),
         Deployment::Reference | Deployment::Remote { .. } => None,
     };
@@ -312,15 +322,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             })
         }),
         api_key: args.api_key.clone().map(server::ApiKey::new),
+        shutdown_timeout: std::time::Duration::from_secs_f64(args.shutdown_timeout.max(0.0)),
         ..ServerConfig::default()
     };
+    raise_open_file_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("afd-http")
         .build()
         .context("starting the HTTP runtime")?;
-    runtime.block_on(async move {
+    let state = runtime.block_on(async move {
         let server = Server::bind(server_config, router, afd_stats).await?;
+        let state = Arc::clone(server.state());
         let what = if args.reference {
             "the reference forward".to_string()
         } else if frontend_only {
@@ -328,6 +341,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         } else {
             format!("{} card(s) over {:?}", cluster.cards, cluster.transport)
         };
+        let mut signals = StopSignals::install().context("catching SIGTERM and SIGINT")?;
         eprintln!(
             "afd serve: {} on {what}, {} attention node(s), max_model_len {max_model_len}; \
              listening on http://{}",
@@ -335,8 +349,59 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             cluster.attention_nodes,
             server.local_addr()
         );
-        server.run().await
+        let lifecycle = Arc::clone(&state.lifecycle);
+        let timeout = args.shutdown_timeout;
+        let stop = async move {
+            let first = signals.recv().await;
+            eprintln!(
+                "afd serve: {first}: draining, {} request(s) in flight, up to {timeout} s \
+                 (a second signal ends them now)",
+                lifecycle.in_flight()
+            );
+            tokio::spawn(async move {
+                let second = signals.recv().await;
+                eprintln!("afd serve: {second} again: ending what still runs");
+                lifecycle.cut_off();
+            });
+        };
+        let report = server.run_until(stop).await?;
+        eprintln!(
+            "afd serve: drained in {:.1} s; {} request(s) cut off at the end",
+            report.took.as_secs_f64(),
+            report.cut_off
+        );
+        anyhow::Ok(state)
     })?;
+    // In this order, each on this thread: the engines (they hold the attention nodes, which
+    // use the cluster's runtime), the HTTP runtime and the tasks it still holds, then the
+    // cluster and its runtime.
+    if !state.router.shutdown(ENGINE_PATIENCE) {
+        eprintln!(
+            "afd serve: an engine was still in a step after {ENGINE_PATIENCE:?}; exiting anyway"
+        );
+    }
+    drop(state);
+    drop(runtime);
     drop(deployment);
     Ok(())
+}
+
+/// How long the engines may take to finish the step they are in once the server has drained.
+const ENGINE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Raises this process's soft open-file limit to its hard limit (as vLLM does), so that the
+/// connection bound the server derives from it is as high as the system allows.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write only the struct given, on this stack.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
