@@ -64,8 +64,10 @@ impl Serve {
         }
     }
 
-    /// Waits for the exit; its code and everything the process wrote on stderr.
-    fn wait(mut self, within: Duration) -> (Option<i32>, String) {
+    /// Waits for the exit (at most a minute), checks it was exit 0 with no panic, and returns
+    /// everything the process wrote on stderr.
+    fn exits_cleanly(mut self) -> String {
+        let within = Duration::from_secs(60);
         let deadline = Instant::now() + within;
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -81,7 +83,10 @@ impl Serve {
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }
-        (status.code(), self.stderr.lock().unwrap().clone())
+        let stderr = self.stderr.lock().unwrap().clone();
+        assert_eq!(status.code(), Some(0), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        stderr
     }
 }
 
@@ -123,6 +128,16 @@ fn open_stream(address: &str, max_tokens: usize) -> JoinHandle<Vec<String>> {
     })
 }
 
+/// The last event of a stream before `[DONE]`, checking `[DONE]` is there.
+fn before_done(events: &[String]) -> &str {
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    &events[events.len() - 2]
+}
+
 /// Asserts that during the drain new work gets 503 and `/health` says it is draining.
 fn assert_refuses_new_work(address: &str) {
     let body = json!({"prompt": "Hello", "max_tokens": 2});
@@ -144,20 +159,13 @@ fn sigterm_drains_every_stream_and_exits_0() {
     assert_refuses_new_work(&serve.address);
     for stream in streams {
         let events = stream.join().unwrap();
-        assert_eq!(
-            events.last().map(String::as_str),
-            Some("[DONE]"),
-            "{events:?}"
-        );
-        let finished = events.iter().rev().nth(1).unwrap();
+        let finished = before_done(&events);
         assert!(
             finished.contains("\"finish_reason\":\"length\""),
             "{finished}"
         );
     }
-    let (code, stderr) = serve.wait(Duration::from_secs(60));
-    assert_eq!(code, Some(0), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let stderr = serve.exits_cleanly();
     assert!(stderr.contains("SIGTERM: draining"), "{stderr}");
 }
 
@@ -171,24 +179,12 @@ fn sigint_at_a_short_deadline_ends_the_streams_with_an_error_event_and_exits_0()
     assert_refuses_new_work(&serve.address);
     for stream in streams {
         let events = stream.join().unwrap();
-        assert_eq!(
-            events.last().map(String::as_str),
-            Some("[DONE]"),
-            "{events:?}"
-        );
-        let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        let error: Value = serde_json::from_str(before_done(&events)).unwrap();
         assert_eq!(error["error"]["code"], 503, "{error}");
-        assert!(
-            error["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("shutting down"),
-            "{error}"
-        );
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains("shutting down"), "{error}");
     }
-    let (code, stderr) = serve.wait(Duration::from_secs(60));
-    assert_eq!(code, Some(0), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let stderr = serve.exits_cleanly();
     let cut: usize = stderr
         .split(" request(s) cut off")
         .next()

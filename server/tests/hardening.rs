@@ -254,27 +254,18 @@ async fn hundreds_of_idle_connections_do_not_lock_normal_requests_out() {
         |c| c.max_connections = Some(64),
     )
     .await;
-    let streaming = {
-        let client = s.client.clone();
-        let url = s.url("/v1/completions");
-        tokio::spawn(async move {
-            let r = client
-                .post(url)
-                .json(
-                    &json!({"prompt": "a", "max_tokens": 60, "stream": true, "ignore_eos": true,
-                               "return_token_ids": true}),
-                )
-                .send()
-                .await
-                .unwrap();
-            parse_sse(&r.text().await.unwrap())
-        })
-    };
+    let streaming = s.spawn_post(
+        "/v1/completions",
+        json!({"prompt": "a", "max_tokens": 60, "stream": true, "ignore_eos": true,
+               "return_token_ids": true}),
+    );
     let mut idle = idle_connections(s.addr, 500).await;
     for _ in 0..3 {
         completion_works(&s).await;
     }
-    let events = streaming.await.unwrap();
+    let (status, sse) = streaming.await.unwrap();
+    assert_eq!(status, 200);
+    let events = parse_sse(sse.as_str().unwrap());
     assert_eq!(
         streamed_tokens(&chunks(&events)),
         60,

@@ -72,19 +72,10 @@ async fn a_stop_refuses_new_work_and_lets_what_runs_finish() {
     for _ in 0..4 {
         streams.push(open_stream(&s, 60).await);
     }
-    let plain = {
-        let client = s.client.clone();
-        let url = s.url("/v1/completions");
-        tokio::spawn(async move {
-            let r = client
-                .post(url)
-                .json(&json!({"prompt": "b", "max_tokens": 40, "ignore_eos": true}))
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        })
-    };
+    let plain = s.spawn_post(
+        "/v1/completions",
+        json!({"prompt": "b", "max_tokens": 40, "ignore_eos": true}),
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
     let stopped = Instant::now();
     let running = s.stop();
@@ -137,38 +128,15 @@ async fn at_the_deadline_what_still_runs_ends_with_an_error() {
     let mut s = slow_server(Duration::from_millis(300)).await;
     // 240 tokens at 10 ms a step: far past the deadline.
     let streams = [open_stream(&s, 240).await, open_stream(&s, 240).await];
-    let plain = {
-        let client = s.client.clone();
-        let url = s.url("/v1/chat/completions");
-        tokio::spawn(async move {
-            let r = client
-                .post(url)
-                .json(&json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 200, "ignore_eos": true}))
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        })
-    };
+    let plain = s.spawn_post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 200, "ignore_eos": true}),
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
     let stopped = Instant::now();
     let running = s.stop();
     for stream in streams {
-        let events = stream.await.unwrap();
-        assert_eq!(
-            events.last().map(String::as_str),
-            Some("[DONE]"),
-            "{events:?}"
-        );
-        let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
-        assert_eq!(error["error"]["code"], 503, "{error}");
-        assert!(
-            error["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("shutting down"),
-            "{error}"
-        );
+        cut_off_error(&stream.await.unwrap());
     }
     let (status, v) = plain.await.unwrap();
     assert_eq!(status, 503, "{v}");

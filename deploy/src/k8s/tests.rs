@@ -19,6 +19,13 @@ fn kinds(m: &Manifests) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The objects that run pods (StatefulSet, Deployments).
+fn pods(m: &Manifests) -> Vec<&Value> {
+    m.objects()
+        .filter(|o| o["spec"]["template"].is_object())
+        .collect()
+}
+
 #[test]
 fn one_object_set_per_role_with_prefixed_names() {
     let mut tls = BTreeMap::new();
@@ -64,10 +71,7 @@ fn without_tls_the_secret_is_left_out_and_a_pvc_is_mounted_everywhere() {
     };
     let m = render(&deployment(TEXT), &options).unwrap();
     assert!(!kinds(&m).iter().any(|(k, _)| k == "Secret"));
-    let pods: Vec<&Value> = m
-        .objects()
-        .filter(|o| o["spec"]["template"].is_object())
-        .collect();
+    let pods = pods(&m);
     assert_eq!(pods.len(), 4);
     for o in pods {
         let spec = &o["spec"]["template"]["spec"];
@@ -149,10 +153,7 @@ fn every_pod_gets_time_to_drain_before_kubernetes_kills_it() {
         (format!("{TEXT}[server]\nshutdown_timeout = 50.5\n"), 66),
     ] {
         let m = render(&deployment(&text), &K8sOptions::default()).unwrap();
-        let pods: Vec<&Value> = m
-            .objects()
-            .filter(|o| o["spec"]["template"].is_object())
-            .collect();
+        let pods = pods(&m);
         assert_eq!(pods.len(), 4);
         for o in pods {
             assert_eq!(

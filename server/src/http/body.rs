@@ -72,9 +72,8 @@ impl FromRequest<Arc<AppState>> for JsonBody {
                 "the request body could not be read: {e}"
             ))),
             Err(_) => Err(ApiError::RequestTimeout(format!(
-                "the request body did not arrive within {:.0} s: send the whole body the \
-                 Content-Length announces",
-                timeout.as_secs_f64()
+                "the request body did not arrive within {timeout:?}: send the whole body the \
+                 Content-Length announces"
             ))),
         }
     }

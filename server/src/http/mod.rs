@@ -219,8 +219,8 @@ async fn serve_connection(tcp: TcpStream, service: ConnService, settings: &HttpS
         let parts = conn.into_parts();
         if !parts.read_buf.is_empty() {
             let error = ApiError::RequestTimeout(format!(
-                "the request head did not arrive within {:.0} s; send the whole request at once",
-                settings.header_timeout.as_secs_f64()
+                "the request head did not arrive within {:?}; send the whole request at once",
+                settings.header_timeout
             ));
             let mut io = parts.io.into_inner();
             answer_and_close(io.get_mut(), &error).await;

@@ -144,19 +144,14 @@ impl TestServer {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .client
-            .post(self.url(path))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        let text = r.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        post_to(&self.client, self.url(path), body).await
+    }
+
+    /// [`TestServer::post`] on a task of its own, so the request runs while the test goes on.
+    pub fn spawn_post(&self, path: &str, body: Value) -> tokio::task::JoinHandle<(u16, Value)> {
+        let client = self.client.clone();
+        let url = self.url(path);
+        tokio::spawn(async move { post_to(&client, url, body).await })
     }
 
     pub async fn get(&self, path: &str) -> (u16, String) {
@@ -288,4 +283,30 @@ pub fn streamed_tokens(chunks: &[Value]) -> usize {
         .filter_map(|c| c["choices"][0]["token_ids"].as_array())
         .map(Vec::len)
         .sum()
+}
+
+/// POSTs `body` as JSON: the status, and the body as JSON (or as a string when it is not).
+async fn post_to(client: &reqwest::Client, url: String, body: Value) -> (u16, Value) {
+    let r = client.post(url).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// The error event a stream cut off by a shutdown ends with, checking `[DONE]` follows it and
+/// that it says so.
+pub fn cut_off_error(events: &[String]) -> Value {
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], 503, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("shutting down"), "{error}");
+    error
 }
