@@ -111,6 +111,29 @@ fn runs(parts: &Parts, m: u32, staging: Option<RegionId>) -> Vec<TileRun> {
         .collect()
 }
 
+/// A matmul of matrix `m` from `input` into `partials`, and the reduce of those into `out`.
+fn push_matmul(
+    ops: &mut Vec<Op>,
+    m: u32,
+    rows: RowCount,
+    (input, partials, out): (RegionId, RegionId, RegionId),
+    tiles: Vec<TileRun>,
+    layout: OutLayout,
+) {
+    ops.push(Op::MatMul {
+        matrix: m,
+        rows,
+        input,
+        partials,
+        tiles,
+    });
+    ops.push(Op::Reduce {
+        matmul: (ops.len() - 1) as u32,
+        out,
+        layout,
+    });
+}
+
 /// The hand-built program. Layer 0 (MoE) holds experts 1 and 3: expert 1's weights are
 /// resident in SRAM (gate_up bf16 in three tiles, two on core 0 and one on core 1; down MXFP4
 /// in one tile), expert 3's are spilled to LPDDR and streamed in (bf16, one tile per matrix).
@@ -206,18 +229,14 @@ fn program() -> Program {
                 (n * p.matrices[m as usize].rows * 4) as u64,
             );
             let tiles = runs(&p, m, staging);
-            ops.push(Op::MatMul {
-                matrix: m,
+            push_matmul(
+                &mut ops,
+                m,
                 rows,
-                input,
-                partials,
+                (input, partials, output),
                 tiles,
-            });
-            ops.push(Op::Reduce {
-                matmul: (ops.len() - 1) as u32,
-                out: output,
-                layout: OutLayout::TokenMajor,
-            });
+                OutLayout::TokenMajor,
+            );
             if m == gu {
                 ops.push(Op::Activate {
                     rows,
@@ -282,18 +301,14 @@ fn program() -> Program {
         offsets: vec![0],
     });
     let tiles = runs(&p, lm, Some(staging));
-    ops.push(Op::MatMul {
-        matrix: lm,
-        rows: RowCount::Tokens,
-        input: lm_x,
-        partials,
+    push_matmul(
+        &mut ops,
+        lm,
+        RowCount::Tokens,
+        (lm_x, partials, logits),
         tiles,
-    });
-    ops.push(Op::Reduce {
-        matmul: (ops.len() - 1) as u32,
-        out: logits,
-        layout: OutLayout::RowMajor,
-    });
+        OutLayout::RowMajor,
+    );
     ops.push(Op::Propose {
         logits,
         out: proposals,
