@@ -148,12 +148,14 @@ impl Executor {
         let mut out = Produced::default();
         let n = call.tokens;
         for i in span.start..span.end {
-            let op = self.program.instructions[i].clone();
             let rows_of = |r: RowCount, produced: &Produced| match r {
                 RowCount::Tokens => n,
                 RowCount::Expert(e) => produced.expert_rows.get(e as usize).copied().unwrap_or(0),
             };
-            match op {
+            // Each arm copies out the instruction's few scalar fields; what holds a list
+            // (matmul tiles, the slots' experts) is read in place by index, so no instruction
+            // is cloned per call.
+            match self.program.instructions[i] {
                 Op::Receive { x, slots } => self.receive(x, slots, call)?,
                 Op::Gather {
                     local,
@@ -175,12 +177,10 @@ impl Executor {
                     // that follows (see `matmul`): on this CPU the staging copy would only
                     // triple the memory traffic. The performance model still charges it.
                 }
-                Op::MatMul { .. } => {
-                    if let Op::MatMul { rows, .. } = &op {
-                        let r = rows_of(*rows, &out);
-                        if r > 0 {
-                            self.matmul(i, r)?;
-                        }
+                Op::MatMul { rows, .. } => {
+                    let r = rows_of(rows, &out);
+                    if r > 0 {
+                        self.matmul(i, r)?;
                     }
                 }
                 Op::Reduce {
@@ -246,10 +246,8 @@ impl Executor {
                     }
                 }
                 Op::SumSlots {
-                    slots,
-                    experts,
-                    out: dst,
-                } => self.sum_slots(slots, &experts, dst, call)?,
+                    slots, out: dst, ..
+                } => self.sum_slots(i, slots, dst, call)?,
                 Op::Fill { region } => {
                     let len = (self.program.region(region).bytes / 4) as usize;
                     let w = self.words(region, 0, len)?;
@@ -496,13 +494,17 @@ impl Executor {
         Ok(())
     }
 
+    /// Instruction `i`, a [`Op::SumSlots`] over `slots` into `dst`.
     fn sum_slots(
         &mut self,
+        i: usize,
         slots: RegionId,
-        experts: &[(u32, RegionId, RegionId)],
         dst: RegionId,
         call: &Call<'_>,
     ) -> Result<()> {
+        let Op::SumSlots { experts, .. } = &self.program.instructions[i] else {
+            return Err(Error::Request(format!("instruction {i} is not a slot sum")));
+        };
         let (n, h, k) = (call.tokens, self.program.hidden, self.program.top_k);
         let sw = self.words(slots, 0, 2 * n * k)?;
         let ow = self.words(dst, 0, n * h)?;
@@ -546,12 +548,13 @@ impl Executor {
         dst: RegionId,
         call: &Call<'_>,
     ) -> Result<Vec<LmProposal>> {
-        let lm = self
+        let shard = self
             .program
             .lm_head
-            .clone()
+            .as_ref()
+            .map(|l| l.rows)
             .ok_or_else(|| Error::Request("this card holds no LM-head rows".into()))?;
-        let (n, rows) = (call.tokens, lm.rows.len());
+        let (n, rows) = (call.tokens, shard.len());
         let lw = self.words(logits, 0, rows * n)?;
         let all = f32s(self.arena.get(lw)?);
         // `[token][vocab row]`: each token's logits contiguous. Reading `all` row by row keeps
@@ -568,7 +571,7 @@ impl Executor {
         let propose_row = |t: usize| {
             propose(
                 &by_token[t * stride..t * stride + rows],
-                lm.rows.start as u32,
+                shard.start as u32,
                 &call.sampling[t],
                 &call.candidates,
             )
