@@ -112,6 +112,7 @@ fn afd_on(
     config.node.kv = KvCacheConfig {
         block_size: 16,
         memory_bytes: 256 << 20,
+        gpu_memory_utilization: None,
     };
     let mut cluster = EmbeddedCluster::start(&config, &mut |_| {}).expect("start the cluster");
     let node = cluster.take_nodes().remove(0);
@@ -254,6 +255,7 @@ fn main() {
     let capacity = KvCacheConfig {
         block_size: 16,
         memory_bytes: 256 << 20,
+        gpu_memory_utilization: None,
     }
     .capacity(&weights.config);
     let capacity = KvCapacity {

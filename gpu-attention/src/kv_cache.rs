@@ -4,8 +4,8 @@
 //! over those tables, so the attention math is the reference's. A sequence's history is read
 //! in place, one run per block.
 //!
-//! The slots are host memory because attention runs on the CPU here; a GPU build would keep
-//! them in device memory behind the same trait, with a paged-attention kernel reading them.
+//! This is the host path's cache (host memory, read by afd's CPU kernels); the device path keeps
+//! the same geometry in device memory ([`crate::device::kv`]), read by its paged-attention op.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -16,12 +16,15 @@ use model::forward::attention::{KvCache, KvRun, SeqId};
 use step::KvCapacity;
 
 /// How much KV memory a node has and how it is cut into blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvCacheConfig {
     /// Tokens per block (vLLM's `block_size`).
     pub block_size: usize,
     /// Bytes for keys and values of every layer together.
     pub memory_bytes: usize,
+    /// On a GPU: size the cache to this fraction of the device's memory less what is in use
+    /// (vLLM's `gpu_memory_utilization`) instead of `memory_bytes`.
+    pub gpu_memory_utilization: Option<f64>,
 }
 
 impl Default for KvCacheConfig {
@@ -29,6 +32,7 @@ impl Default for KvCacheConfig {
         KvCacheConfig {
             block_size: 16,
             memory_bytes: 512 << 20,
+            gpu_memory_utilization: None,
         }
     }
 }
@@ -212,6 +216,7 @@ mod tests {
         let capacity = KvCacheConfig {
             block_size: 3,
             memory_bytes: 1 << 20,
+            gpu_memory_utilization: None,
         }
         .capacity(&cfg);
         let mut paged = PagedKvCache::new(&cfg, capacity);
@@ -237,6 +242,7 @@ mod tests {
         let capacity = KvCacheConfig {
             block_size: 2,
             memory_bytes: 1 << 12,
+            gpu_memory_utilization: None,
         }
         .capacity(&cfg);
         let mut paged = PagedKvCache::new(&cfg, capacity);
@@ -268,6 +274,7 @@ mod tests {
         let c = KvCacheConfig {
             block_size: 4,
             memory_bytes: 128 * 4 * 10,
+            gpu_memory_utilization: None,
         }
         .capacity(&cfg);
         assert_eq!((c.block_size, c.num_blocks), (4, 10));

@@ -7,6 +7,7 @@
 //!
 //! Must not: depend on `corsair-ffn`; it knows the cards only through `proto` and `jetstream`.
 
+pub mod device;
 pub mod dispatch;
 pub mod driver;
 pub mod fabric;
@@ -17,5 +18,6 @@ pub mod node;
 pub mod remote;
 pub mod sampler;
 
+pub use device::AttentionDevice;
 pub use monolithic::MonolithicNode;
 pub use node::{CardLayout, DisaggregatedNode, MicroBatches, NodeConfig};

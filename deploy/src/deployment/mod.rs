@@ -10,7 +10,7 @@
 //! [model]
 //! shape = "gpt-oss-20b"        # or: path = "../../models/afd-tiny-gpt-oss"
 //! [attention]
-//! device = "h100"
+//! profile = "h100"
 //! max_num_seqs = 1
 //! [cards]
 //! count = 8
@@ -127,7 +127,7 @@ impl Deployment {
             join(p);
         }
         for profile in [
-            &mut self.attention.device,
+            &mut self.attention.profile,
             &mut self.cards.profile,
             &mut self.transport.profile,
         ] {
@@ -172,6 +172,30 @@ impl Deployment {
                 "must be at least 1 (MiB), or left out to size it for max_num_seqs x max_model_len"
                     .into(),
             );
+        }
+        if let Some(u) = a.gpu_memory_utilization {
+            if !(u > 0.0 && u <= 1.0) {
+                return bad(
+                    "attention.gpu_memory_utilization",
+                    format!("must be in (0, 1], not {u}"),
+                );
+            }
+            if !a.device.is_cuda() {
+                return bad(
+                    "attention.gpu_memory_utilization",
+                    format!(
+                        "sizes a GPU's KV cache but `attention.device` is {}: set device = \"cuda\" \
+                         or give kv_cache_memory instead",
+                        a.device
+                    ),
+                );
+            }
+            if a.kv_cache_memory.is_some() {
+                return bad(
+                    "attention.gpu_memory_utilization",
+                    "and `attention.kv_cache_memory` are both set: give one".into(),
+                );
+            }
         }
         if !(a.reply_timeout_s.is_finite() && a.reply_timeout_s > 0.0) {
             return bad(
@@ -343,9 +367,11 @@ impl Deployment {
         config.node.wire_dtype = a.wire_dtype;
         config.node.max_tokens = a.max_num_batched_tokens;
         config.node.reply_timeout = std::time::Duration::from_secs_f64(a.reply_timeout_s);
+        config.node.device = a.device;
         config.node.kv = KvCacheConfig {
             block_size: a.block_size,
             memory_bytes: self.kv_cache_bytes(&model),
+            gpu_memory_utilization: a.gpu_memory_utilization,
         };
         Ok(config)
     }

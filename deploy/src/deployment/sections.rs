@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use corsair_ffn::FormatChoice;
-use gpu_attention::MicroBatches;
+use gpu_attention::{AttentionDevice, MicroBatches};
 use model::Family;
 use proto::data::WireDtype;
 use serde::{Deserialize, Serialize};
@@ -52,9 +52,18 @@ impl Default for ModelSection {
 pub struct AttentionSection {
     /// Attention nodes sharing the cards; the router spreads requests over them. Default 1.
     pub nodes: usize,
-    /// Device each node models in `afd plan`: a profile name (`h100`, `h200`; files in
-    /// `deploy/profiles/`) or the path of a profile TOML relative to this file. Default `h100`.
-    pub device: String,
+    /// Where each node computes: `cpu` (afd's CPU kernels), `cuda` or `cuda:N` (an NVIDIA GPU;
+    /// needs a build with `--features cuda`), or `candle-cpu` (the GPU's code path on the CPU,
+    /// for checking). Default `cpu`.
+    #[serde(deserialize_with = "device_setting")]
+    pub device: AttentionDevice,
+    /// Hardware profile each node is modeled with in `afd plan`: a name (`h100`, `h200`; files
+    /// in `deploy/profiles/`) or the path of a profile TOML relative to this file. Default `h100`.
+    pub profile: String,
+    /// On a GPU: the fraction of its memory the node may use, weights and KV cache together
+    /// (vLLM's `gpu_memory_utilization`); the KV cache gets what the weights leave. Replaces
+    /// `kv_cache_memory`. Default: none.
+    pub gpu_memory_utilization: Option<f64>,
     /// Most sequences one node runs in a step (vLLM's `max_num_seqs`). Default 64.
     pub max_num_seqs: usize,
     /// Longest sequence, prompt plus output (vLLM's `max_model_len`). Default 4096.
@@ -85,7 +94,9 @@ impl Default for AttentionSection {
     fn default() -> Self {
         AttentionSection {
             nodes: 1,
-            device: "h100".into(),
+            device: AttentionDevice::Cpu,
+            profile: "h100".into(),
+            gpu_memory_utilization: None,
             max_num_seqs: 64,
             max_model_len: 4096,
             kv_cache_memory: None,
@@ -294,4 +305,17 @@ impl Default for WorkloadSection {
             output_len: 1024,
         }
     }
+}
+
+/// `attention.device`, with a hint for files that still name the planner's profile there.
+fn device_setting<'de, D: serde::Deserializer<'de>>(d: D) -> Result<AttentionDevice, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(|e| {
+        let hint = if crate::deployment::is_path_like(&text) || text.starts_with('h') {
+            " (the planner's hardware profile, such as h100, is `attention.profile`)"
+        } else {
+            ""
+        };
+        serde::de::Error::custom(format!("{e}{hint}"))
+    })
 }

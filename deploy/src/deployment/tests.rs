@@ -11,7 +11,8 @@ fn empty_file_is_all_defaults() {
     let d = parse("").unwrap();
     assert_eq!(d.cards.count, 2);
     assert_eq!(d.attention.nodes, 1);
-    assert_eq!(d.attention.device, "h100");
+    assert_eq!(d.attention.profile, "h100");
+    assert_eq!(d.attention.device, gpu_attention::AttentionDevice::Cpu);
     assert_eq!(d.transport.kind, TransportKind::Quic);
     assert_eq!(d.server.port, 8000);
     assert!(matches!(
@@ -32,7 +33,7 @@ fn unknown_keys_are_refused_with_their_name() {
 fn relative_paths_resolve_against_the_file_folder() {
     let d = parse(
         "[model]\npath = \"../models/x\"\n[transport]\ntls_dir = \"certs\"\n\
-         [attention]\ndevice = \"my/gpu.toml\"\n[cards]\nprofile = \"/abs/card.toml\"\n",
+         [attention]\nprofile = \"my/gpu.toml\"\n[cards]\nprofile = \"/abs/card.toml\"\n",
     )
     .unwrap();
     assert_eq!(
@@ -43,7 +44,7 @@ fn relative_paths_resolve_against_the_file_folder() {
         d.transport.tls_dir.as_deref(),
         Some(Path::new("/deployments/certs"))
     );
-    assert_eq!(d.attention.device, "/deployments/my/gpu.toml");
+    assert_eq!(d.attention.profile, "/deployments/my/gpu.toml");
     assert_eq!(d.cards.profile, "/abs/card.toml");
     // Names stay names.
     assert_eq!(d.transport.profile, "jetstream");
@@ -165,4 +166,37 @@ fn shutdown_timeout_is_seconds_and_not_negative() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("server.shutdown_timeout"), "{e}");
+}
+
+#[test]
+fn the_attention_device_and_gpu_memory_reach_the_node() {
+    use gpu_attention::AttentionDevice;
+    let d = parse(
+        "[attention]\ndevice = \"cuda:1\"\nprofile = \"h200\"\ngpu_memory_utilization = 0.8\n",
+    )
+    .unwrap();
+    assert_eq!(d.attention.device, AttentionDevice::Cuda(1));
+    assert_eq!(d.attention.profile, "h200");
+    let c = d.cluster_config().unwrap();
+    assert_eq!(c.node.device, AttentionDevice::Cuda(1));
+    assert_eq!(c.node.kv.gpu_memory_utilization, Some(0.8));
+    // A profile name where the device goes is pointed at its key.
+    let e = parse("[attention]\ndevice = \"h100\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("attention.profile"), "{e}");
+    // A GPU's memory fraction needs a GPU, a fraction, and no second size.
+    for (text, key) in [
+        ("gpu_memory_utilization = 0.9", "attention.device"),
+        ("device = \"cuda\"\ngpu_memory_utilization = 1.5", "(0, 1]"),
+        (
+            "device = \"cuda\"\ngpu_memory_utilization = 0.9\nkv_cache_memory = 64",
+            "both",
+        ),
+    ] {
+        let e = parse(&format!("[attention]\n{text}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{text}: {e}");
+    }
 }

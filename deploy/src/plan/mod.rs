@@ -361,8 +361,8 @@ fn load_profile<T>(
 pub fn load_profiles(d: &Deployment) -> Result<Profiles> {
     Ok(Profiles {
         device: load_profile(
-            &d.attention.device,
-            "attention.device",
+            &d.attention.profile,
+            "attention.profile",
             DeviceProfile::builtin,
             DeviceProfile::from_toml,
         )?,

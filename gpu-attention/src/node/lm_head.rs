@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use model::forward::ops;
 use proto::data::{self, Immediate, LM_HEAD_LAYER, Proposal, RowSampling};
 
 use super::DisaggregatedNode;
@@ -22,10 +21,6 @@ struct Row {
     entry: usize,
     request: SampleRequest,
     position: u64,
-}
-
-fn model_err(e: impl std::fmt::Display) -> StepError {
-    StepError::Model(e.to_string())
 }
 
 /// One micro-batch's rows on their way through the LM head.
@@ -57,19 +52,23 @@ impl DisaggregatedNode {
         let cap = self.node.lm_head_candidates;
         let span = self.trace.begin();
         let mut rows = Vec::new();
-        let mut selected = Vec::new();
+        let mut normed = Vec::new();
         for mb in mbs {
+            let mut last_rows = Vec::new();
             for (span_idx, &i) in mb.entries.iter().enumerate() {
                 let e = &batch.entries[i];
                 if let Some(request) = e.sample {
                     let s = &mb.spans[span_idx];
-                    selected.push(mb.x.narrow(0, s.start + s.len - 1, 1).map_err(model_err)?);
+                    last_rows.push(s.start + s.len - 1);
                     rows.push(Row {
                         entry: i,
                         request,
                         position: (e.start + e.tokens.len()) as u64,
                     });
                 }
+            }
+            if !last_rows.is_empty() {
+                normed.extend(self.compute.final_rows(mb, &last_rows)?);
             }
         }
         if rows.is_empty() {
@@ -85,9 +84,6 @@ impl DisaggregatedNode {
             .map(|r| candidates_needed(&r.request, cap))
             .max()
             .unwrap_or(1);
-        let selected = candle_core::Tensor::cat(&selected, 0).map_err(model_err)?;
-        let normed = ops::to_f32_vec(&self.lm_head.norm(&selected).map_err(model_err)?)
-            .map_err(model_err)?;
         let sampling: Vec<RowSampling> = rows.iter().map(row_sampling).collect();
         self.send_lm_head(&lm_cards, m, LM_HEAD_LAYER, &normed, &sampling, k)?;
         self.trace

@@ -2,6 +2,7 @@
 //! here; per layer the routed rows go to the cards that hold their experts and the partial sums
 //! come back (DESIGN.md, "One decode step").
 
+mod compute;
 mod lm_head;
 mod pipeline;
 mod trace;
@@ -10,21 +11,18 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Duration;
 
-use candle_core::{Device, Tensor};
-use model::config::FfnKind;
-use model::forward::attention::AttentionBlock;
 use model::forward::rope::Rope;
-use model::forward::{LmHead, ops};
-use model::weights::{FfnWeights, Linear};
 use model::{ModelConfig, ModelWeights};
 use proto::data::WireDtype;
 
 pub use trace::{Span, Trace, chrome_trace};
 
+use crate::device::AttentionDevice;
 use crate::dispatch::ExpertPlacement;
 use crate::fabric::{CardFabric, SlotSizes};
-use crate::kv_cache::{KvCacheConfig, PagedKvCache};
+use crate::kv_cache::KvCacheConfig;
 use crate::sampler::TokenHistory;
+use compute::Compute;
 use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 
 /// How a step is cut into micro-batches.
@@ -54,6 +52,8 @@ impl std::str::FromStr for MicroBatches {
 /// Settings of one attention node.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
+    /// Where the node computes: the host path (`cpu`) or the device path (`cuda`, `candle-cpu`).
+    pub device: AttentionDevice,
     /// KV cache size and block size.
     pub kv: KvCacheConfig,
     /// Micro-batch overlap.
@@ -73,6 +73,7 @@ pub struct NodeConfig {
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
+            device: AttentionDevice::Cpu,
             kv: KvCacheConfig::default(),
             micro_batches: MicroBatches::Auto,
             wire_dtype: WireDtype::F32,
@@ -121,14 +122,6 @@ pub fn slot_sizes(config: &ModelConfig, node: &NodeConfig, layout: &CardLayout) 
     }
 }
 
-pub(crate) struct NodeLayer {
-    pub input_norm: Tensor,
-    pub attention: AttentionBlock,
-    pub post_attention_norm: Tensor,
-    pub router: Option<Linear>,
-    pub ffn: FfnKind,
-}
-
 /// Counters a node keeps.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeStats {
@@ -147,12 +140,8 @@ pub struct DisaggregatedNode {
     config: ModelConfig,
     node: NodeConfig,
     layout: CardLayout,
-    device: Device,
     rope: Rope,
-    embed: model::WeightMatrix,
-    layers: Vec<NodeLayer>,
-    lm_head: LmHead,
-    cache: PagedKvCache,
+    compute: Compute,
     seq_lens: HashMap<SeqId, usize>,
     histories: HashMap<SeqId, TokenHistory>,
     fabric: Box<dyn CardFabric>,
@@ -169,7 +158,8 @@ impl std::fmt::Debug for DisaggregatedNode {
         f.debug_struct("DisaggregatedNode")
             .field("family", &self.config.family)
             .field("cards", &self.fabric.cards())
-            .field("capacity", &self.cache.capacity())
+            .field("device", &self.node.device)
+            .field("capacity", &self.compute.capacity())
             .finish()
     }
 }
@@ -183,9 +173,7 @@ impl DisaggregatedNode {
         fabric: Box<dyn CardFabric>,
         node: NodeConfig,
     ) -> Result<Self, StepError> {
-        let model_error = |e: model::Error| StepError::Model(e.to_string());
         let config = weights.config.clone();
-        let device = Device::Cpu;
         if layout.placement.cards() != fabric.cards() || layout.lm_head.len() != fabric.cards() {
             return Err(StepError::Invalid(format!(
                 "the card layout describes {} cards but the fabric connects {}",
@@ -193,37 +181,14 @@ impl DisaggregatedNode {
                 fabric.cards()
             )));
         }
-        let layers = weights
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(l, lw)| {
-                Ok(NodeLayer {
-                    input_norm: ops::vector(&lw.input_norm, &device)?,
-                    attention: AttentionBlock::new(&config, l, lw, &device)?,
-                    post_attention_norm: ops::vector(&lw.post_attention_norm, &device)?,
-                    router: match &lw.ffn {
-                        FfnWeights::Moe(m) => Some(m.router.clone()),
-                        FfnWeights::Dense(_) => None,
-                    },
-                    ffn: config.layers[l].ffn,
-                })
-            })
-            .collect::<model::Result<Vec<_>>>()
-            .map_err(model_error)?;
-        let capacity: KvCapacity = node.kv.capacity(&config);
-        let cache = PagedKvCache::new(&config, capacity);
+        let compute = Compute::new(weights, &node.kv, node.device)?;
         Ok(DisaggregatedNode {
             rope: Rope::new(&config),
-            embed: weights.embed.clone(),
-            lm_head: LmHead::new(weights, &device).map_err(model_error)?,
             trace: Trace::new(node.trace),
-            layers,
-            cache,
+            compute,
             config,
             node,
             layout,
-            device,
             seq_lens: HashMap::new(),
             histories: HashMap::new(),
             fabric,
@@ -237,6 +202,11 @@ impl DisaggregatedNode {
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Where the node computes.
+    pub fn device(&self) -> AttentionDevice {
+        self.node.device
     }
 
     /// Counters so far.
@@ -268,7 +238,7 @@ impl DisaggregatedNode {
 
 impl AttentionNode for DisaggregatedNode {
     fn kv_capacity(&self) -> KvCapacity {
-        self.cache.capacity()
+        self.compute.capacity()
     }
 
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {

@@ -9,14 +9,13 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 use model::config::FfnKind;
-use model::forward::attention::{KvCache, SeqSpan};
-use model::forward::moe::route;
+use model::forward::attention::SeqSpan;
 use model::forward::rope::RopeTables;
-use model::forward::{embed, ops};
 use proto::data::{self, Immediate, Kind, MessageMeta};
 
 use super::{DisaggregatedNode, MicroBatches};
-use crate::dispatch::{DispatchPlan, combine, plan_dispatch};
+use crate::device::inputs::{MbInputs, SpanInput};
+use crate::dispatch::{DispatchPlan, plan_dispatch};
 use crate::fabric::Reply;
 use crate::monolithic::validate_batch;
 use step::{SeqId, StepBatch, StepError, StepOutput};
@@ -30,8 +29,10 @@ pub(super) struct MicroBatch {
     pub positions: Vec<usize>,
     /// RoPE tables of its rows.
     pub rope: RopeTables,
-    /// Residual stream `[rows, hidden]`.
+    /// Residual stream `[rows, hidden]` (on the node's device).
     pub x: Tensor,
+    /// Its inputs on the device (device path only).
+    pub device: Option<MbInputs>,
     /// What this micro-batch waits for after its last dispatch.
     pub pending: Option<Pending>,
 }
@@ -43,13 +44,9 @@ pub(super) struct Pending {
     pub cards: Vec<usize>,
 }
 
-fn model_err(e: impl std::fmt::Display) -> StepError {
-    StepError::Model(e.to_string())
-}
-
 impl DisaggregatedNode {
     pub(super) fn run_step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
-        validate_batch(batch, self.cache.capacity(), |s| {
+        validate_batch(batch, self.compute.capacity(), |s| {
             self.seq_lens.get(&s).copied().unwrap_or(0)
         })?;
         if batch.entries.is_empty() {
@@ -71,7 +68,7 @@ impl DisaggregatedNode {
             .iter()
             .map(|e| (e.seq, (e.block_table.as_slice(), e.start)))
             .collect();
-        let layers = self.layers.len();
+        let layers = self.config.num_layers();
         let mut stash: HashMap<(usize, u8, usize), Vec<u8>> = HashMap::new();
         for layer in 0..layers {
             for (m, mb) in mbs.iter_mut().enumerate() {
@@ -134,6 +131,7 @@ impl DisaggregatedNode {
             .into_iter()
             .map(|entries| {
                 let mut spans = Vec::new();
+                let mut inputs = Vec::new();
                 let mut positions = Vec::new();
                 let mut tokens = Vec::new();
                 for &i in &entries {
@@ -144,21 +142,23 @@ impl DisaggregatedNode {
                         len: e.tokens.len(),
                         past: e.start,
                     });
+                    inputs.push(SpanInput {
+                        tokens: &e.tokens,
+                        past: e.start,
+                        table: &e.block_table,
+                    });
                     positions.extend(e.start..e.start + e.tokens.len());
                     tokens.extend_from_slice(&e.tokens);
                 }
                 let rope = self.rope.tables(&positions);
-                let rows =
-                    embed(&self.embed, &tokens).map_err(|e| StepError::Invalid(e.to_string()))?;
-                let x =
-                    Tensor::from_vec(rows, (tokens.len(), self.config.hidden_size), &self.device)
-                        .map_err(model_err)?;
+                let (x, device) = self.compute.embed(&self.config, &inputs, &tokens, &rope)?;
                 Ok(MicroBatch {
                     entries,
                     spans,
                     positions,
                     rope,
                     x,
+                    device,
                     pending: None,
                 })
             })
@@ -183,43 +183,17 @@ impl DisaggregatedNode {
         tables: &HashMap<SeqId, (&[u32], usize)>,
     ) -> Result<(), StepError> {
         let span = self.trace.begin();
-        let eps = self.config.rms_norm_eps;
         let hidden = self.config.hidden_size;
-        let l = &self.layers[layer];
-        let h = ops::rms_norm(&mb.x, &l.input_norm, eps).map_err(model_err)?;
-        let mut view = self.cache.step(tables);
-        let attn = l
-            .attention
-            .forward(
-                layer,
-                &h,
-                &mb.spans,
-                &mb.rope,
-                &mut view as &mut dyn KvCache,
-            )
-            .map_err(model_err)?;
-        mb.x = (&mb.x + attn).map_err(model_err)?;
-        let h2 =
-            ops::to_f32_vec(&ops::rms_norm(&mb.x, &l.post_attention_norm, eps).map_err(model_err)?)
-                .map_err(model_err)?;
-        let rows = mb.positions.len();
+        let ffn_input = self.compute.attention(&self.config, layer, mb, tables)?;
+        let h2 = ffn_input.rows;
         let meta = self.meta(layer as u16, m);
         let immediate = Immediate {
             step: self.step_counter,
             layer: layer as u16,
             micro_batch: m,
         };
-        let pending = match l.ffn {
-            FfnKind::Moe => {
-                let spec = self
-                    .config
-                    .moe
-                    .ok_or_else(|| StepError::Model("MoE layer without experts".into()))?;
-                let router = l
-                    .router
-                    .as_ref()
-                    .ok_or_else(|| StepError::Model("MoE layer without a router".into()))?;
-                let routing = route(router, &spec, &h2, rows);
+        let pending = match (self.config.layers[layer].ffn, ffn_input.routing) {
+            (FfnKind::Moe, Some(routing)) => {
                 let keys: Vec<u64> = mb.positions.iter().map(|&p| p as u64).collect();
                 let plan = plan_dispatch(&routing, layer, &self.layout.placement, &keys);
                 self.trace.end(span, "attention", layer, m);
@@ -244,7 +218,12 @@ impl DisaggregatedNode {
                     cards,
                 }
             }
-            FfnKind::Dense => {
+            (FfnKind::Moe, None) => {
+                return Err(StepError::Model(format!(
+                    "layer {layer} is MoE but came without a routing"
+                )));
+            }
+            (FfnKind::Dense, _) => {
                 self.trace.end(span, "attention", layer, m);
                 let span = self.trace.begin();
                 let mut msg = Vec::new();
@@ -296,7 +275,6 @@ impl DisaggregatedNode {
             }
             partials.push(r.to_f32());
         }
-        let mut ffn = vec![0f32; rows * hidden];
         match &p.plan {
             Some(plan) => {
                 for (c, part) in plan.cards.iter().zip(&partials) {
@@ -311,24 +289,20 @@ impl DisaggregatedNode {
                         });
                     }
                 }
-                combine(plan, &partials, hidden, &mut ffn);
             }
             None => {
                 for (card, part) in p.cards.iter().zip(&partials) {
-                    if part.len() != ffn.len() {
+                    if part.len() != rows * hidden {
                         return Err(StepError::Card {
                             card: *card,
                             message: "dense partial sums of the wrong size".into(),
                         });
                     }
-                    for (d, s) in ffn.iter_mut().zip(part) {
-                        *d += s;
-                    }
                 }
             }
         }
-        let ffn = Tensor::from_vec(ffn, (rows, hidden), &self.device).map_err(model_err)?;
-        mb.x = (&mb.x + ffn).map_err(model_err)?;
+        self.compute
+            .add_ffn(mb, p.plan.as_ref(), partials, hidden)?;
         self.trace.end(span, "wait+combine", p.layer, m);
         Ok(())
     }

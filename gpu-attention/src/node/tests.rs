@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Duration;
 
+use model::config::FfnKind;
 use model::forward::moe::gated_mlp;
 use model::generate::{GenerationRequest, generate};
 use model::sampling::{self, SamplingParams};
@@ -180,6 +181,15 @@ fn fixture(name: &str) -> std::path::PathBuf {
 }
 
 fn node(dir: &std::path::Path, cards: usize, micro_batches: MicroBatches) -> DisaggregatedNode {
+    node_on(dir, cards, micro_batches, AttentionDevice::Cpu)
+}
+
+fn node_on(
+    dir: &std::path::Path,
+    cards: usize,
+    micro_batches: MicroBatches,
+    device: AttentionDevice,
+) -> DisaggregatedNode {
     let all = ModelWeights::load(dir).unwrap();
     let attn = ModelWeights::load_with(
         dir,
@@ -223,11 +233,13 @@ fn node(dir: &std::path::Path, cards: usize, micro_batches: MicroBatches) -> Dis
         queue: VecDeque::new(),
     };
     let config = NodeConfig {
+        device,
         micro_batches,
         lm_head_candidates: 4,
         kv: crate::kv_cache::KvCacheConfig {
             block_size: 4,
             memory_bytes: 4 << 20,
+            gpu_memory_utilization: None,
         },
         ..NodeConfig::default()
     };
@@ -353,5 +365,57 @@ fn a_sequence_gives_the_same_tokens_alone_and_in_a_batch() {
             run(&mut n, std::slice::from_ref(p), 6, SamplingParams::greedy())[0],
             batched[i]
         );
+    }
+}
+
+/// The device path on candle's CPU device (what `--device cuda` runs, with the custom ops' CPU
+/// twins) gives the reference's greedy tokens for every family, card count and micro-batching,
+/// and the host path's logits.
+#[test]
+fn the_device_path_matches_the_reference_and_the_host_path() {
+    for name in [
+        "gpt-oss-bf16",
+        "gpt-oss-mxfp4",
+        "mixtral",
+        "mixtral-sliding",
+        "qwen3-moe",
+        "qwen3-moe-fused",
+    ] {
+        let dir = fixture(name);
+        let expected = reference(&dir, &prompts(), 8, SamplingParams::greedy());
+        for (cards, mb) in [
+            (1, MicroBatches::One),
+            (2, MicroBatches::Two),
+            (3, MicroBatches::Auto),
+        ] {
+            let mut n = node_on(&dir, cards, mb, AttentionDevice::CandleCpu);
+            assert_eq!(
+                run(&mut n, &prompts(), 8, SamplingParams::greedy()),
+                expected,
+                "{name} cards {cards} {mb:?}"
+            );
+        }
+        let logits = |device| {
+            let mut n = node_on(&dir, 2, MicroBatches::Two, device);
+            n.collect_logits(true);
+            let tokens = run(&mut n, &prompts(), 6, SamplingParams::greedy());
+            (tokens, n.take_logits())
+        };
+        let (host_tokens, host) = logits(AttentionDevice::Cpu);
+        let (device_tokens, device) = logits(AttentionDevice::CandleCpu);
+        assert_eq!(host_tokens, device_tokens, "{name}");
+        assert_eq!(host.len(), device.len(), "{name}");
+        let worst = host
+            .iter()
+            .zip(&device)
+            .map(|((s1, a), (s2, b))| {
+                assert_eq!(s1, s2);
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max)
+            })
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "{name}: logits differ by {worst}");
     }
 }

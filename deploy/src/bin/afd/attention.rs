@@ -121,6 +121,7 @@ pub fn run(args: AttentionArgs) -> anyhow::Result<()> {
                 cards.join(",")
             )
         })?;
+    let kv = step::AttentionNode::kv_capacity(&node);
     let node = CountedNode::new(Box::new(node));
     let live = node.live();
     let service = AttentionService::new(Box::new(node)).into_server();
@@ -129,10 +130,14 @@ pub fn run(args: AttentionArgs) -> anyhow::Result<()> {
         .block_on(async {
             let mut signals = StopSignals::install()?;
             eprintln!(
-                "attention node {id} serving {} on {} with {} cards",
+                "attention node {id} serving {} on {} with {} cards; computing on {}, KV cache \
+                 of {} blocks of {} tokens",
                 config.model.display(),
                 args.listen,
-                cards.len()
+                cards.len(),
+                config.node.device,
+                kv.num_blocks,
+                kv.block_size
             );
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let server = tonic::transport::Server::builder()

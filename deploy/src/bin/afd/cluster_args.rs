@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use corsair_ffn::FormatChoice;
 use deploy::cluster::{ClusterConfig, TransportKind};
-use gpu_attention::MicroBatches;
 use gpu_attention::kv_cache::KvCacheConfig;
+use gpu_attention::{AttentionDevice, MicroBatches};
 use proto::data::WireDtype;
 
 /// How the cards and attention nodes are set up (embedded deployments).
@@ -31,6 +31,16 @@ pub struct ClusterArgs {
 /// Attention-node and shard settings, for embedded and multi-process deployments alike.
 #[derive(Debug, Clone, clap::Args)]
 pub struct NodeArgs {
+    /// Where the attention node computes: cpu (afd's CPU kernels), cuda or cuda:N (an NVIDIA
+    /// GPU; needs a build with --features cuda), or candle-cpu (the GPU's code path on the CPU,
+    /// for checking it without a GPU).
+    #[arg(long, default_value = "cpu")]
+    pub device: AttentionDevice,
+    /// On a GPU: the fraction of its memory the node may use, weights and KV cache together
+    /// (vLLM's --gpu-memory-utilization); the KV cache gets what the weights leave, instead of
+    /// --kv-cache-memory.
+    #[arg(long)]
+    pub gpu_memory_utilization: Option<f64>,
     /// Weight format on the cards: as-stored, bf16, mxfp4 or mxint8.
     #[arg(long, default_value = "as-stored")]
     pub format: FormatChoice,
@@ -91,9 +101,11 @@ impl NodeArgs {
         c.node.micro_batches = self.micro_batches;
         c.node.wire_dtype = self.wire_dtype;
         c.node.max_tokens = self.max_num_batched_tokens;
+        c.node.device = self.device;
         c.node.kv = KvCacheConfig {
             block_size: self.block_size,
             memory_bytes: self.kv_cache_memory << 20,
+            gpu_memory_utilization: self.gpu_memory_utilization,
         };
         c
     }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use deploy::cluster::EmbeddedCluster;
+use gpu_attention::device::DeviceMonolithicNode;
 use gpu_attention::node::chrome_trace;
 use model::generate::{Generation, GenerationRequest, generate};
 use model::sampling::SamplingParams;
@@ -19,7 +20,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     model: PathBuf,
     /// Run the monolithic reference forward (the whole model in this process) instead of the
-    /// disaggregated pipeline.
+    /// disaggregated pipeline; with --device cuda, the whole model on the GPU.
     #[arg(long)]
     reference: bool,
     /// Prompt as comma-separated token ids.
@@ -116,8 +117,20 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         if args.reference {
             let weights = ModelWeights::load(&args.model)
                 .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;
-            let mut model = ReferenceModel::new(weights)?;
-            first(generate(&mut model, std::slice::from_ref(&request), 0)?)
+            let device = args.cluster.node.device;
+            if device.is_host() {
+                let mut model = ReferenceModel::new(weights)?;
+                first(generate(&mut model, std::slice::from_ref(&request), 0)?)
+            } else {
+                let kv = args.cluster.config(args.model.clone()).node.kv;
+                let mut node = DeviceMonolithicNode::new(&weights, &kv, device)
+                    .with_context(|| format!("the whole model on {device}"))?;
+                first(gpu_attention::driver::generate(
+                    &mut node,
+                    std::slice::from_ref(&request),
+                    0,
+                )?)
+            }
         } else {
             disaggregated(&args, &request)
         }

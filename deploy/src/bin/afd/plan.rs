@@ -23,9 +23,9 @@ pub struct PlanArgs {
     /// Override `attention.nodes`.
     #[arg(long)]
     attention_nodes: Option<usize>,
-    /// Override `attention.device` (h100, h200 or a profile file).
+    /// Override `attention.profile` (h100, h200 or a profile file).
     #[arg(long)]
-    device: Option<String>,
+    profile: Option<String>,
     /// Override `attention.max_num_seqs`.
     #[arg(long)]
     max_num_seqs: Option<usize>,
@@ -66,8 +66,8 @@ impl PlanArgs {
         set(&mut d.workload.batch, self.batch);
         set(&mut d.workload.input_len, self.input_len);
         set(&mut d.workload.output_len, self.output_len);
-        if let Some(device) = &self.device {
-            d.attention.device = device.clone();
+        if let Some(profile) = &self.profile {
+            d.attention.profile = profile.clone();
         }
         if let Some(f) = self.format {
             d.model.format = f;

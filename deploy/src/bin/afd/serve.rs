@@ -55,7 +55,8 @@ pub struct ServeArgs {
     #[arg(long)]
     served_model_name: Option<String>,
     /// Serve the monolithic reference forward (whole model in this process, no cards) instead of
-    /// the disaggregated path; for comparisons.
+    /// the disaggregated path; for comparisons. With --device cuda: the whole model on the GPU
+    /// (the GPU-only baseline).
     #[arg(long)]
     reference: bool,
     /// Frontend only: step through running `afd attention` processes at these addresses
@@ -144,11 +145,23 @@ pub fn build_nodes(
             progress(StartEvent::ConnectingNode(j, config.attention_nodes));
             let weights = model::ModelWeights::load(&config.model)
                 .with_context(|| format!("loading {}", config.model.display()))?;
-            let capacity = config.node.kv.capacity(&weights.config);
-            let model = model::ReferenceModel::new(weights)?;
-            nodes.push(Box::new(gpu_attention::monolithic::MonolithicNode::new(
-                model, capacity,
-            )));
+            let device = config.node.device;
+            if device.is_host() {
+                let capacity = config.node.kv.capacity(&weights.config);
+                let model = model::ReferenceModel::new(weights)?;
+                nodes.push(Box::new(gpu_attention::monolithic::MonolithicNode::new(
+                    model, capacity,
+                )));
+            } else {
+                // The GPU-only baseline: the whole model on the device.
+                let node = gpu_attention::device::DeviceMonolithicNode::new(
+                    &weights,
+                    &config.node.kv,
+                    device,
+                )
+                .with_context(|| format!("the whole model on {device}"))?;
+                nodes.push(Box::new(node));
+            }
         }
         return Ok((Deployment::Reference, nodes));
     }
@@ -275,6 +288,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         built
     };
 
+    if !frontend_only {
+        for (j, n) in nodes.iter().enumerate() {
+            let k = n.kv_capacity();
+            eprintln!(
+                "afd serve: attention node {j} on {}: KV cache of {} blocks of {} tokens ({} tokens)",
+                cluster.node.device,
+                k.num_blocks,
+                k.block_size,
+                k.num_blocks * k.block_size
+            );
+        }
+    }
     let capacity = nodes
         .iter()
         .map(|n| {
@@ -334,8 +359,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let state = runtime.block_on(async move {
         let server = Server::bind(server_config, router, afd_stats).await?;
         let state = Arc::clone(server.state());
-        let what = if args.reference {
+        let what = if args.reference && cluster.node.device.is_host() {
             "the reference forward".to_string()
+        } else if args.reference {
+            format!("the whole model on {}", cluster.node.device)
         } else if frontend_only {
             format!("attention node(s) at {}", args.attention_addrs.join(","))
         } else {

@@ -1,0 +1,213 @@
+//! [`DeviceMonolithicNode`]: the GPU-only baseline. The whole model on one device (experts
+//! included, MXFP4 decoded in the kernel, bf16 as stored) behind the step API, so the seed's
+//! "one H100 alone" row can be measured beside the disaggregated path (`afd serve --reference
+//! --device cuda`, or a deployment with `cards.count = 0`).
+
+use std::collections::HashMap;
+
+use candle_core::DType;
+use model::ModelWeights;
+use model::forward::rope::Rope;
+use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+
+use super::inputs::SpanInput;
+use super::node::DeviceCompute;
+use super::spec::AttentionDevice;
+use crate::kv_cache::KvCacheConfig;
+use crate::monolithic::validate_batch;
+use crate::sampler::{TokenHistory, sample_row};
+
+fn model_err(e: impl std::fmt::Display) -> StepError {
+    StepError::Model(e.to_string())
+}
+
+/// The whole model on a device as an attention node.
+#[derive(Debug)]
+pub struct DeviceMonolithicNode {
+    device: AttentionDevice,
+    compute: DeviceCompute,
+    rope: Rope,
+    vocab: usize,
+    seq_lens: HashMap<SeqId, usize>,
+    histories: HashMap<SeqId, TokenHistory>,
+}
+
+impl DeviceMonolithicNode {
+    /// Copies every weight (load them all) to `device` (not the host path) and sizes the KV
+    /// cache from `kv`.
+    pub fn new(
+        weights: &ModelWeights,
+        kv: &KvCacheConfig,
+        device: AttentionDevice,
+    ) -> Result<Self, StepError> {
+        let dev = device
+            .open()
+            .map_err(|e| StepError::Invalid(e.to_string()))?
+            .ok_or_else(|| {
+                StepError::Invalid(
+                    "the device baseline needs --device cuda (or candle-cpu); the CPU's \
+                     baseline is the reference forward"
+                        .into(),
+                )
+            })?;
+        let compute = DeviceCompute::whole_model(weights, kv, &dev)
+            .map_err(|e| StepError::Model(format!("preparing the model on {device}: {e}")))?;
+        Ok(DeviceMonolithicNode {
+            device,
+            compute,
+            rope: Rope::new(&weights.config),
+            vocab: weights.config.vocab_size,
+            seq_lens: HashMap::new(),
+            histories: HashMap::new(),
+        })
+    }
+
+    /// Where it computes.
+    pub fn device(&self) -> AttentionDevice {
+        self.device
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.compute.weight_bytes()
+    }
+}
+
+impl AttentionNode for DeviceMonolithicNode {
+    fn kv_capacity(&self) -> KvCapacity {
+        self.compute.capacity()
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
+        validate_batch(batch, self.compute.capacity(), |s| {
+            self.seq_lens.get(&s).copied().unwrap_or(0)
+        })?;
+        if batch.entries.is_empty() {
+            return Ok(StepOutput::default());
+        }
+        let mut spans = Vec::with_capacity(batch.entries.len());
+        let mut positions = Vec::new();
+        let mut last_rows = Vec::new();
+        for e in &batch.entries {
+            if let Some(&t) = e.tokens.iter().find(|&&t| t as usize >= self.vocab) {
+                return Err(StepError::Invalid(format!(
+                    "token id {t} is out of range: the vocabulary has {} entries",
+                    self.vocab
+                )));
+            }
+            spans.push(SpanInput {
+                tokens: &e.tokens,
+                past: e.start,
+                table: &e.block_table,
+            });
+            positions.extend(e.start..e.start + e.tokens.len());
+            if e.sample.is_some() {
+                last_rows.push((positions.len() - 1) as u32);
+            }
+        }
+        let rope = self.rope.tables(&positions);
+        let (mut x, inputs) = self.compute.prepare(&spans, &rope).map_err(model_err)?;
+        for layer in 0..self.compute.layers() {
+            self.compute
+                .layer(layer, &mut x, &inputs)
+                .map_err(model_err)?;
+        }
+        let logits = if last_rows.is_empty() {
+            Vec::new()
+        } else {
+            self.compute.logits(&x, &last_rows).map_err(model_err)?
+        };
+        debug_assert_eq!(x.dtype(), DType::F32);
+        let mut out = StepOutput::default();
+        let mut rows = logits.chunks_exact(self.vocab.max(1));
+        for e in &batch.entries {
+            self.seq_lens.insert(e.seq, e.start + e.tokens.len());
+            let history = self.histories.entry(e.seq).or_default();
+            history.extend(&e.tokens, e.prompt_len);
+            if let Some(request) = &e.sample {
+                let row = rows
+                    .next()
+                    .ok_or_else(|| StepError::Model("fewer logit rows than samples".into()))?;
+                let position = (e.start + e.tokens.len()) as u64;
+                out.sampled
+                    .push(sample_row(e.seq, row, request, history, position));
+            }
+        }
+        Ok(out)
+    }
+
+    fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError> {
+        for s in seqs {
+            self.seq_lens.remove(s);
+            self.histories.remove(s);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use model::generate::{GenerationRequest, generate};
+    use model::sampling::SamplingParams;
+
+    use super::*;
+
+    /// On candle's CPU device the baseline gives the reference's greedy tokens for every
+    /// family (MXFP4, bf16 and f32 experts; dense layers; sinks and windows).
+    #[test]
+    fn the_device_baseline_matches_the_reference() {
+        for name in [
+            "gpt-oss-bf16",
+            "gpt-oss-mxfp4",
+            "mixtral",
+            "mixtral-sliding",
+            "qwen3-moe",
+            "qwen3-moe-fused",
+        ] {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../fixtures")
+                .join(name);
+            let weights = ModelWeights::load(&dir).unwrap();
+            let requests: Vec<GenerationRequest> =
+                [vec![5u32, 17, 99, 3, 42, 8, 77, 12, 1, 30], vec![7, 7, 200]]
+                    .into_iter()
+                    .map(|prompt| GenerationRequest {
+                        prompt,
+                        max_tokens: 8,
+                        sampling: SamplingParams::greedy(),
+                        stop_token_ids: vec![],
+                    })
+                    .collect();
+            let mut reference = model::ReferenceModel::new(weights.clone()).unwrap();
+            let want: Vec<Vec<u32>> = generate(&mut reference, &requests, 0)
+                .unwrap()
+                .into_iter()
+                .map(|g| g.output_ids)
+                .collect();
+            let kv = KvCacheConfig {
+                block_size: 4,
+                memory_bytes: 4 << 20,
+                gpu_memory_utilization: None,
+            };
+            let mut node =
+                DeviceMonolithicNode::new(&weights, &kv, AttentionDevice::CandleCpu).unwrap();
+            let got: Vec<Vec<u32>> = crate::driver::generate(&mut node, &requests, 0)
+                .unwrap()
+                .into_iter()
+                .map(|g| g.output_ids)
+                .collect();
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_host_path_has_no_device_baseline() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/mixtral");
+        let weights = ModelWeights::load(&dir).unwrap();
+        let err =
+            DeviceMonolithicNode::new(&weights, &KvCacheConfig::default(), AttentionDevice::Cpu)
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("--device cuda"), "{err}");
+    }
+}
