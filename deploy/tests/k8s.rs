@@ -305,3 +305,83 @@ fn several_cards_and_attention_nodes_written_to_a_folder_are_wired() {
     assert_eq!(secret["stringData"]["ca.pem"], ca.as_str());
     assert!(secret["stringData"].get("ca.key.pem").is_none());
 }
+
+/// A Kubernetes memory or CPU quantity as afd writes them, in bytes or millicores.
+fn quantity(q: &Value, unit: &str) -> u64 {
+    let s = q
+        .as_str()
+        .unwrap_or_else(|| panic!("{q} is not a string quantity"));
+    match unit {
+        "memory" => {
+            let mib = s.strip_suffix("Mi").unwrap_or_else(|| panic!("memory {s}"));
+            mib.parse::<u64>().unwrap() << 20
+        }
+        _ => match s.strip_suffix('m') {
+            Some(m) => m.parse().unwrap(),
+            None => s.parse::<u64>().unwrap() * 1000,
+        },
+    }
+}
+
+/// Every pod asks for CPU and memory sized from the plan (cards at least their shard, the
+/// attention node at least its weights and KV cache), and an attention node on a GPU asks for
+/// one `nvidia.com/gpu` (as a limit, the way Kubernetes takes extended resources).
+#[test]
+fn pods_request_what_the_plan_sizes_and_gpu_nodes_a_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/afd-tiny-gpt-oss");
+    for device in ["cpu", "cuda"] {
+        let file = dir.path().join(format!("{device}.toml"));
+        std::fs::write(
+            &file,
+            format!(
+                "[model]\npath = \"{}\"\n[cards]\ncount = 2\n[attention]\ndevice = \"{device}\"\n\
+                 kv_cache_memory = 64\n",
+                model.display()
+            ),
+        )
+        .unwrap();
+        let objects = parse(&afd_k8s(&[file.to_str().unwrap()]));
+        let d = Deployment::load(&file).unwrap();
+        let plan: Value =
+            serde_json::from_slice(&afd_ok(|c| c.arg("plan").arg(&file).arg("--json"))).unwrap();
+        for w in objects.iter().filter(|o| o["spec"]["template"].is_object()) {
+            let c = container(w);
+            let r = &c["resources"];
+            let cpu = quantity(&r["requests"]["cpu"], "cpu");
+            let memory = quantity(&r["requests"]["memory"], "memory");
+            assert!(cpu >= 1000, "{}: {r}", name(w));
+            let role = args(c)[0].clone();
+            let gpus = r["limits"]["nvidia.com/gpu"].as_u64();
+            match role.as_str() {
+                "card" => {
+                    let largest = plan["per_card"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|c| c["sram_bytes_needed"].as_u64().unwrap())
+                        .max()
+                        .unwrap();
+                    assert!(memory >= largest, "card {memory} < {largest}");
+                    assert_eq!(gpus, None);
+                }
+                "attention" => {
+                    let weights = plan["attention"]["weight_bytes"].as_u64().unwrap();
+                    let kv = (d.attention.kv_cache_memory.unwrap() as u64) << 20;
+                    if device == "cuda" {
+                        assert_eq!(gpus, Some(1), "{r}");
+                        assert!(memory >= weights, "{memory} < {weights}");
+                    } else {
+                        assert_eq!(gpus, None);
+                        assert!(memory >= weights + kv, "{memory} < {weights} + {kv}");
+                    }
+                }
+                _ => assert_eq!(gpus, None),
+            }
+            // Nothing but the three known keys.
+            for key in r.as_object().unwrap().keys() {
+                assert!(key == "requests" || key == "limits", "{key}");
+            }
+        }
+    }
+}

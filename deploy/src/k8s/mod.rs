@@ -15,6 +15,7 @@
 //! [`Manifests::write`] do the I/O.
 
 mod objects;
+pub mod resources;
 #[cfg(test)]
 mod tests;
 
@@ -57,6 +58,8 @@ pub struct K8sOptions {
     /// The TLS Secret's files (name -> PEM); `None` leaves the Secret out, for a Secret made
     /// with `kubectl create secret generic NAME-tls --from-file=DIR`.
     pub tls: Option<BTreeMap<String, String>>,
+    /// The pods' CPU, memory and GPU requests (from the plan); `None` renders none.
+    pub resources: Option<resources::DeploymentResources>,
 }
 
 impl Default for K8sOptions {
@@ -68,6 +71,7 @@ impl Default for K8sOptions {
             model_pvc: None,
             model_dir: None,
             tls: None,
+            resources: None,
         }
     }
 }

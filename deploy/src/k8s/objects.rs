@@ -195,7 +195,7 @@ impl Builder<'_> {
         ports: Value,
         probe: Value,
     ) -> Value {
-        json!({
+        let mut c = json!({
             "name": role,
             "image": self.options.image,
             "args": args,
@@ -203,7 +203,16 @@ impl Builder<'_> {
             "ports": ports,
             "readinessProbe": probe,
             "volumeMounts": self.mounts(),
-        })
+        });
+        if let Some(r) = &self.options.resources {
+            let pod = match role {
+                "card" => r.card,
+                "attention" => r.attention,
+                _ => r.frontend,
+            };
+            c["resources"] = pod.to_json();
+        }
+        c
     }
 
     fn grpc_probe(port: u16) -> Value {

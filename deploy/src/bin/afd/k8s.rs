@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use deploy::deployment::Deployment;
+use deploy::k8s::resources::DeploymentResources;
 use deploy::k8s::{K8sOptions, load_tls, render, tls_names};
 
 /// Render the Kubernetes manifests of a deployment: cards as a StatefulSet, attention nodes and
@@ -59,6 +60,15 @@ pub fn run(args: K8sArgs) -> anyhow::Result<()> {
             Some(load_tls(scratch.path(), &names)?)
         }
     };
+    // The pods' requests come from the plan of the same file.
+    let plan = deploy::plan::plan_deployment(&deployment).with_context(|| {
+        format!(
+            "sizing the pods' CPU and memory requests from the plan of {} (it reads the model's \
+             config.json)",
+            args.file.display()
+        )
+    })?;
+    let kv_bytes = deployment.kv_cache_bytes(&deployment.model_config()?) as u64;
     let options = K8sOptions {
         name: args.name,
         image: args.image,
@@ -66,6 +76,7 @@ pub fn run(args: K8sArgs) -> anyhow::Result<()> {
         model_pvc: args.model_pvc,
         model_dir: args.model_dir,
         tls,
+        resources: Some(DeploymentResources::from_plan(&deployment, &plan, kv_bytes)),
     };
     let manifests = render(&deployment, &options)
         .with_context(|| format!("rendering {}", args.file.display()))?;
