@@ -106,6 +106,18 @@ impl TileFormat {
         }
     }
 
+    /// The shared kernels' block format of this tile format.
+    pub fn block_format(self) -> model::kernels::BlockFormat {
+        use model::kernels::BlockFormat;
+        match self {
+            TileFormat::F32 => BlockFormat::F32,
+            TileFormat::Bf16 => BlockFormat::Bf16,
+            TileFormat::F16 => BlockFormat::F16,
+            TileFormat::Mxfp4 => BlockFormat::Mxfp4,
+            TileFormat::Mxint8 => BlockFormat::Mxint8,
+        }
+    }
+
     /// Whether values come in scaled blocks of 32.
     pub fn has_scales(self) -> bool {
         matches!(self, TileFormat::Mxfp4 | TileFormat::Mxint8)

@@ -13,6 +13,7 @@
 //!    `acc[0]` is the segment's partial `q_s`.
 //! 4. The output is `((q_0 + q_1) + q_2) + ...` in segment order, then `+ bias` when there is one.
 //!
+//! This is the [`model::kernels::Paired`] order of the shared kernel layer, cut into segments.
 //! Nothing here depends on how rows or segments are spread over tiles, cores, threads or cards, or
 //! on the other tokens in the batch, so every such arrangement gives the same bits. Decoded weights
 //! are exact (bf16, f16, MXFP4 and MXINT8 values are all representable in f32), so the definition
@@ -24,11 +25,11 @@
 //! order, each product rounded before the add, as the reference forward does.
 
 /// Elements per MX block (and per pairing unit of the lanes).
-pub const BLOCK: usize = 32;
+pub const BLOCK: usize = model::kernels::BLOCK;
 /// Elements per segment: the unit of splitting the reduction dimension.
 pub const SEGMENT: usize = 512;
 /// Lane accumulators per segment.
-pub const LANES: usize = 16;
+pub const LANES: usize = model::kernels::LANES;
 /// Blocks per segment.
 pub const BLOCKS_PER_SEGMENT: usize = SEGMENT / BLOCK;
 
@@ -42,37 +43,9 @@ pub fn padded(k: usize) -> usize {
     k.div_ceil(BLOCK) * BLOCK
 }
 
-/// The fixed halving tree over the lane accumulators.
-#[inline(always)]
-pub fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-        width /= 2;
-    }
-    acc[0]
-}
-
-/// Segment partial `q_s` of `w . x` over elements `[start, end)` (a segment or its tail),
-/// written straight from the definition.
-pub fn segment_partial(w: &[f32], x: &[f32], start: usize, end: usize) -> f32 {
-    let mut acc = [0f32; LANES];
-    let mut k0 = start;
-    while k0 < end {
-        for half in 0..2 {
-            for (l, a) in acc.iter_mut().enumerate() {
-                let k = k0 + 2 * l + half;
-                if k < end {
-                    *a = w[k].mul_add(x[k], *a);
-                }
-            }
-        }
-        k0 += BLOCK;
-    }
-    fold_lanes(acc)
-}
+/// Segment partial `q_s` of `w . x` over elements `[start, end)` (a segment or its tail):
+/// steps 2 and 3, the shared kernels' [`model::kernels::Paired`] order.
+pub use model::kernels::paired_partial as segment_partial;
 
 /// The canonical dot product of the definition (no bias).
 pub fn dot(w: &[f32], x: &[f32]) -> f32 {

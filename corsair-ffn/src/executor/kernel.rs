@@ -1,29 +1,27 @@
 //! The tile kernel: segment partials of one weight tile against a block of tokens, straight
-//! from the tile's storage bytes (weights are decoded inside the loop, never expanded).
+//! from the tile's storage bytes, by the shared matrix kernel of [`model::kernels`] in the
+//! card's [`Paired`] order (weights are decoded inside the loop, never expanded).
 //!
 //! Inputs are "pair-ordered": within each 32-element block, the 16 even elements then the 16
 //! odd ones ([`pair_order`]), so lane `l` meets element `2l` then `2l + 1`, as the numerics
-//! definition says. Both paths (portable, AVX-512) compute the same bits: the same decoded
-//! weights, fused multiply-adds in the same order, the same lane tree.
+//! definition says. Both paths ([`KernelChoice`]: portable, AVX-512) compute the same bits.
 //!
 //! Tile storage ([`pack_rows`]): rows come in groups of [`ROW_GROUP`]; inside a group the
 //! blocks are interleaved (block 0 of every row of the group, then block 1, ...), for the data
 //! and for the scales alike, so a kernel running a group of rows reads one sequential stream.
 //! Each row's block is laid out as [`crate::format`] describes.
 
-use crate::format::TileFormat;
-use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES, fold_lanes};
+pub use model::kernels::KernelChoice;
+use model::kernels::{
+    BlockJob, BlockRows, Paired, Reduction, Sink, Strides, block_sums, prefetch_start,
+    register_blocks,
+};
 
-/// Which implementation runs the tiles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KernelChoice {
-    /// The widest this CPU supports.
-    #[default]
-    Auto,
-    /// Plain Rust (same bits, slower).
-    Portable,
-}
+use crate::format::TileFormat;
+use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES};
+
+/// How far ahead (bytes) the kernel prefetches a tile's weights.
+const PREFETCH_BYTES: usize = 8192;
 
 /// Rows per group in tile storage.
 pub const ROW_GROUP: usize = 8;
@@ -118,58 +116,6 @@ impl<'a> TileView<'a> {
     pub fn segments(&self) -> usize {
         self.blocks().div_ceil(BLOCKS_PER_SEGMENT)
     }
-
-    /// Decoded (even, odd) values of block `b` of row `r`.
-    #[inline(always)]
-    pub fn block(&self, r: usize, b: usize) -> ([f32; LANES], [f32; LANES]) {
-        let (d, _, s, _) = block_place(self.format, self.rows, self.blocks(), r, b);
-        let row = &self.data[d..d + block_bytes(self.format)];
-        let scale = || model::mxfp4::SCALE_LUT[self.scales[s] as usize];
-        match self.format {
-            TileFormat::F32 => {
-                let f = |i: usize| {
-                    f32::from_le_bytes(row[4 * i..4 * i + 4].try_into().unwrap_or([0; 4]))
-                };
-                (
-                    std::array::from_fn(f),
-                    std::array::from_fn(|i| f(i + LANES)),
-                )
-            }
-            TileFormat::Bf16 => {
-                let f = |i: usize| {
-                    f32::from_bits((u16::from_le_bytes([row[2 * i], row[2 * i + 1]]) as u32) << 16)
-                };
-                (
-                    std::array::from_fn(|l| f(2 * l)),
-                    std::array::from_fn(|l| f(2 * l + 1)),
-                )
-            }
-            TileFormat::F16 => {
-                let f = |i: usize| half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32();
-                (
-                    std::array::from_fn(|l| f(2 * l)),
-                    std::array::from_fn(|l| f(2 * l + 1)),
-                )
-            }
-            TileFormat::Mxfp4 => {
-                let s = scale();
-                let bytes = &row[..16];
-                let fp4 = &model::mxfp4::FP4_VALUES;
-                (
-                    std::array::from_fn(|l| fp4[(bytes[l] & 0x0f) as usize] * s),
-                    std::array::from_fn(|l| fp4[(bytes[l] >> 4) as usize] * s),
-                )
-            }
-            TileFormat::Mxint8 => {
-                let s = scale();
-                let bytes = &row[..BLOCK];
-                (
-                    std::array::from_fn(|l| bytes[l] as i8 as f32 * s),
-                    std::array::from_fn(|l| bytes[l + LANES] as i8 as f32 * s),
-                )
-            }
-        }
-    }
 }
 
 /// Writes `x` (`cols` values) pair-ordered and zero-padded to whole blocks into `out`.
@@ -197,36 +143,93 @@ pub fn tile_partials(
     out: &mut [f32],
     kernel: KernelChoice,
 ) {
-    debug_assert!(out.len() >= tokens * tile.rows * tile.segments());
-    #[cfg(target_arch = "x86_64")]
-    if kernel == KernelChoice::Auto && super::avx512::available() {
-        // SAFETY: the CPU features were just detected; sizes are checked by the caller and
-        // re-checked (debug) above.
-        return unsafe { super::avx512::tile_partials(tile, x, x_stride, tokens, out) };
+    assert!(
+        out.len() >= tokens * tile.rows * tile.segments(),
+        "tile output too short"
+    );
+    // The first bytes of the tile are requested all at once (the running prefetch in the
+    // kernel covers the rest), so the tile's start does not wait line by line.
+    if kernel == KernelChoice::Auto {
+        prefetch_start(tile.data, PREFETCH_BYTES);
+        prefetch_start(tile.scales, 1);
     }
-    let _ = kernel;
-    portable(tile, x, x_stride, tokens, out)
+    // Register blocks never straddle a row group: the grid's 8-row blocks start at multiples
+    // of 8 and its smaller ones at multiples of 4.
+    const _: () = assert!(ROW_GROUP == 8);
+    register_blocks(
+        tile.rows,
+        tokens,
+        &mut Partials {
+            tile,
+            x,
+            x_stride,
+            out,
+            kernel,
+        },
+    );
 }
 
-fn portable(tile: &TileView<'_>, x: &[f32], x_stride: usize, tokens: usize, out: &mut [f32]) {
-    let (nb, ns) = (tile.blocks(), tile.segments());
-    for r in 0..tile.rows {
-        for s in 0..ns {
-            let blocks = s * BLOCKS_PER_SEGMENT..((s + 1) * BLOCKS_PER_SEGMENT).min(nb);
-            for t in 0..tokens {
-                let xt = &x[t * x_stride..];
-                let mut acc = [0f32; LANES];
-                for b in blocks.clone() {
-                    let (wa, wb) = tile.block(r, b);
-                    let xb = &xt[b * BLOCK..(b + 1) * BLOCK];
-                    for l in 0..LANES {
-                        acc[l] = wa[l].mul_add(xb[l], acc[l]);
-                    }
-                    for l in 0..LANES {
-                        acc[l] = wb[l].mul_add(xb[LANES + l], acc[l]);
-                    }
-                }
-                out[t * tile.rows * ns + r * ns + s] = fold_lanes(acc);
+/// One tile's partials, register block by register block.
+struct Partials<'a, 'b> {
+    tile: &'a TileView<'b>,
+    x: &'a [f32],
+    x_stride: usize,
+    out: &'a mut [f32],
+    kernel: KernelChoice,
+}
+
+impl BlockJob for Partials<'_, '_> {
+    fn run<const R: usize, const T: usize>(&mut self, r0: usize, t0: usize) {
+        let tile = self.tile;
+        let (nb, ns) = (tile.blocks(), tile.segments());
+        // Rows of one register block share a row group: their blocks lie side by side, one
+        // pair of strides apart.
+        let (data, data_stride, scale, scale_stride) =
+            block_place(tile.format, tile.rows, nb, r0, 0);
+        let rows = BlockRows::<R>::new(
+            tile.format.block_format(),
+            &tile.data[data..],
+            Strides {
+                row: block_bytes(tile.format),
+                block: data_stride,
+            },
+            &tile.scales[scale.min(tile.scales.len())..],
+            Strides {
+                row: usize::from(tile.format.has_scales()),
+                block: scale_stride,
+            },
+        )
+        .with_prefetch(PREFETCH_BYTES);
+        let xs: [&[f32]; T] = std::array::from_fn(|t| &self.x[(t0 + t) * self.x_stride..]);
+        let reduction = Reduction {
+            segment: BLOCKS_PER_SEGMENT,
+            ..Reduction::whole(0..nb)
+        };
+        let emit = TilePartials {
+            out: &mut *self.out,
+            first: t0 * tile.rows * ns + r0 * ns,
+            token_stride: tile.rows * ns,
+            row_stride: ns,
+        };
+        block_sums::<Paired, R, T>(&rows, &xs, &reduction, self.kernel, emit);
+    }
+}
+
+/// Where one register block's segment partials go in a tile's output.
+struct TilePartials<'a> {
+    out: &'a mut [f32],
+    /// Index of the block's first token's first row's segment 0.
+    first: usize,
+    token_stride: usize,
+    row_stride: usize,
+}
+
+impl<const R: usize, const T: usize> Sink<R, T> for TilePartials<'_> {
+    #[inline(always)]
+    fn segment(&mut self, s: usize, sums: &[[f32; T]; R]) {
+        for (r, sums) in sums.iter().enumerate() {
+            for (t, q) in sums.iter().enumerate() {
+                self.out[self.first + t * self.token_stride + r * self.row_stride + s] = *q;
             }
         }
     }

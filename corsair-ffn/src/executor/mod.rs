@@ -7,8 +7,6 @@
 //! numerics definition ([`crate::numerics`]), so results do not depend on the thread count.
 
 mod arena;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
 pub mod kernel;
 
 use rayon::prelude::*;

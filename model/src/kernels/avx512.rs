@@ -1,77 +1,207 @@
-//! The AVX-512 path of the weight kernels: 4 weight rows x 4 tokens per register block,
-//! weights decoded 16 at a time in registers (bf16: widen and shift; f16: `vcvtph2ps`;
-//! MXFP4: nibbles through a 16-entry permute table, times the block scale).
+//! The AVX-512 path of the matrix kernel: `R` weight rows x `T` inputs per register block,
+//! each block of 32 weights decoded into two vectors in registers (bf16: a shift and a mask,
+//! or a widen and a shift; f16: `vcvtph2ps`; MXFP4: nibbles looked up in the 16 FP4 values
+//! pre-multiplied by the block's scale; MXINT8: widen, convert, scale).
 //!
-//! It reproduces [`super::dot`] bit for bit: lane `l` accumulates every `k = l mod 16` with a
-//! separate multiply and add, lanes are reduced in registers by the same tree as
-//! [`super::reduce`], the scalar tail is added last.
+//! It computes [`super::portable`]'s bits: the same decoded values, each term added as one
+//! fused multiply-add or as a separate multiply and add as the order says, lanes folded by
+//! [`super::fold_lanes`]'s tree in registers.
 
+use super::{BLOCK, BlockFormat, BlockRows, LANES, Reduction, Sink, SumOrder};
+use crate::mxfp4::{self, ScaledFp4};
 use std::arch::x86_64::*;
-
-use super::LANES;
-use crate::mxfp4;
-use crate::weights::{WeightFormat, WeightMatrix};
-
-const BLOCK_ROWS: usize = 4;
-const BLOCK_TOKENS: usize = 4;
 
 const F32: u8 = 0;
 const BF16: u8 = 1;
 const F16: u8 = 2;
 const MXFP4: u8 = 3;
+const MXINT8: u8 = 4;
 
 /// Whether this CPU can run this path.
-pub fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
+pub(super) fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    })
 }
 
-/// A stored row: element (or packed-block) bytes and, for MXFP4, its scales.
-#[derive(Clone, Copy)]
-struct RowPtr {
-    data: *const u8,
-    scales: *const u8,
-}
-
-/// Values `k..k + 16` of a row, decoded to f32.
+/// See [`super::block_sums`].
 ///
 /// # Safety
-/// `k + 16` must not exceed the row's columns, and the CPU must have AVX-512F/BW.
-#[target_feature(enable = "avx512f,avx512bw")]
+/// The CPU must have the features of [`available`]; `w` and `x` must hold every block (and half
+/// block) the call reads ([`BlockRows::check`]).
+#[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
+pub(super) unsafe fn block_sums<O: SumOrder, const R: usize, const T: usize>(
+    w: &BlockRows<'_, R>,
+    x: &[&[f32]; T],
+    reduction: &Reduction,
+    emit: impl Sink<R, T>,
+) {
+    let scaled = mxfp4::scaled_fp4();
+    // The prefetch is a type parameter so that the loop without it carries none of its code
+    // (the register allocator treats the whole loop alike).
+    macro_rules! go {
+        ($f:expr) => {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                if w.prefetch > 0 && w.adjacent() {
+                    sums::<O, { $f }, R, T, true>(w, x, reduction, scaled, emit)
+                } else {
+                    sums::<O, { $f }, R, T, false>(w, x, reduction, scaled, emit)
+                }
+            }
+        };
+    }
+    match w.format {
+        BlockFormat::F32 => go!(F32),
+        BlockFormat::Bf16 => go!(BF16),
+        BlockFormat::F16 => go!(F16),
+        BlockFormat::Mxfp4 => go!(MXFP4),
+        BlockFormat::Mxint8 => go!(MXINT8),
+    }
+}
+
+/// Data bytes of a block of format `F`.
+const fn block_bytes<const F: u8>() -> usize {
+    match F {
+        F32 => BLOCK * 4,
+        BF16 | F16 => BLOCK * 2,
+        MXFP4 => BLOCK / 2,
+        _ => BLOCK,
+    }
+}
+
+/// The two lane vectors of the block at `data` (scale byte at `scale`, read by MX formats):
+/// its even and odd values when `pairs` (bf16, f16, MXFP4), else its two halves.
+///
+/// # Safety
+/// The block's bytes (and its scale byte, for MX formats) must be readable; the CPU must have
+/// the features of [`available`].
+#[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
 #[inline]
-unsafe fn load_chunk<const F: u8>(row: RowPtr, k: usize) -> __m512 {
-    // SAFETY: the caller guarantees the 16 values (8 bytes for MXFP4) lie inside the row.
+unsafe fn decode<const F: u8>(
+    pairs: bool,
+    data: *const u8,
+    scale: *const u8,
+    scaled: &ScaledFp4,
+) -> (__m512, __m512) {
+    // SAFETY: the caller guarantees the bytes read here are inside the rows.
     unsafe {
         match F {
-            F32 => _mm512_loadu_ps(row.data.cast::<f32>().add(k)),
-            BF16 => {
-                let h = _mm256_loadu_si256(row.data.cast::<u16>().add(k).cast());
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            F32 => {
+                let p = data.cast::<f32>();
+                (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(LANES)))
             }
-            F16 => _mm512_cvtph_ps(_mm256_loadu_si256(row.data.cast::<u16>().add(k).cast())),
+            BF16 if pairs => {
+                let v = _mm512_loadu_si512(data.cast());
+                let even = _mm512_slli_epi32::<16>(v);
+                let odd = _mm512_and_si512(v, _mm512_set1_epi32(0xffff_0000u32 as i32));
+                (_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd))
+            }
+            BF16 => (bf16_half(data), bf16_half(data.add(2 * LANES))),
+            F16 if pairs => {
+                let v = _mm512_loadu_si512(data.cast());
+                let even = _mm512_cvtepi32_epi16(v);
+                let odd = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v));
+                (_mm512_cvtph_ps(even), _mm512_cvtph_ps(odd))
+            }
+            F16 => (f16_half(data), f16_half(data.add(2 * LANES))),
+            MXFP4 if pairs => {
+                let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(data.cast()));
+                let lo = _mm512_and_si512(v, _mm512_set1_epi32(0x0f));
+                let hi = _mm512_srli_epi32::<4>(v);
+                // The block's 16 values, already scaled: one aligned load (after the nibbles,
+                // which keeps the compiler from holding every row's table live at once).
+                let table = _mm512_load_ps(scaled.0[*scale as usize].as_ptr());
+                (
+                    _mm512_permutexvar_ps(lo, table),
+                    _mm512_permutexvar_ps(hi, table),
+                )
+            }
+            MXFP4 => {
+                let v = _mm_loadu_si128(data.cast());
+                let low = _mm_set1_epi8(0x0f);
+                let lo = _mm_and_si128(v, low);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), low);
+                // Byte j holds elements 2j (low) and 2j + 1 (high): interleaved back into
+                // element order, bytes 0..8 give elements 0..16 and bytes 8..16 the rest.
+                let (a, b) = (_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi));
+                let table = _mm512_load_ps(scaled.0[*scale as usize].as_ptr());
+                (
+                    _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(a), table),
+                    _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(b), table),
+                )
+            }
             _ => {
-                let packed = _mm_loadl_epi64(row.data.add(k / 2).cast());
-                // b0 b0 b1 b1 ... -> lanes; even lanes take the low nibble, odd the high one.
-                let doubled = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(packed, packed));
-                let shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
-                let nibbles =
-                    _mm512_and_si512(_mm512_srlv_epi32(doubled, shifts), _mm512_set1_epi32(0x0f));
-                let table = _mm512_loadu_ps(mxfp4::FP4_VALUES.as_ptr());
-                let scale = mxfp4::SCALE_LUT[*row.scales.add(k / mxfp4::BLOCK) as usize];
-                _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table), _mm512_set1_ps(scale))
+                let s = _mm512_set1_ps(mxfp4::SCALE_LUT[*scale as usize]);
+                let a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(data.cast())));
+                let b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                    data.add(LANES).cast(),
+                )));
+                (_mm512_mul_ps(a, s), _mm512_mul_ps(b, s))
             }
         }
     }
 }
 
-/// The 16 lanes of `acc` folded by [`super::reduce`]'s halving tree (8, 4, 2, 1), in registers
-/// (the Corsair executor's lane tree is the same and uses this too).
+/// 16 bf16 values at `p`, widened.
 ///
 /// # Safety
-/// Callers without AVX-512F enabled must check that the CPU has it.
+/// 32 bytes at `p` must be readable; AVX-512F/BW must be available.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn bf16_half(p: *const u8) -> __m512 {
+    // SAFETY: forwarded from the caller.
+    let h = unsafe { _mm256_loadu_si256(p.cast()) };
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+}
+
+/// 16 f16 values at `p`, converted.
+///
+/// # Safety
+/// 32 bytes at `p` must be readable; AVX-512F must be available.
+#[target_feature(enable = "avx512f,f16c")]
+#[inline]
+unsafe fn f16_half(p: *const u8) -> __m512 {
+    // SAFETY: forwarded from the caller.
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
+}
+
+/// The first 16 values of a dense block at `data`.
+///
+/// # Safety
+/// Half the block's bytes must be readable; the CPU must have the features of [`available`].
+#[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
+#[inline]
+unsafe fn decode_half<const F: u8>(data: *const u8) -> __m512 {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match F {
+            F32 => _mm512_loadu_ps(data.cast()),
+            BF16 => bf16_half(data),
+            _ => f16_half(data),
+        }
+    }
+}
+
+/// One term per lane: `acc + w * x` as the order rounds it.
+#[target_feature(enable = "avx512f,fma")]
+#[inline]
+fn term<O: SumOrder>(acc: __m512, w: __m512, x: __m512) -> __m512 {
+    if O::FUSED {
+        _mm512_fmadd_ps(w, x, acc)
+    } else {
+        _mm512_add_ps(acc, _mm512_mul_ps(w, x))
+    }
+}
+
+/// The 16 lanes of `acc` folded by [`super::fold_lanes`]'s halving tree (8, 4, 2, 1).
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub fn fold(acc: __m512) -> f32 {
+fn fold(acc: __m512) -> f32 {
     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
     let v8 = _mm256_add_ps(_mm512_castps512_ps256(acc), high);
     let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));
@@ -79,153 +209,100 @@ pub fn fold(acc: __m512) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)))
 }
 
-/// Sums of `R` rows against `T` tokens over the first `full` columns, lanes folded.
-///
-/// # Safety
-/// Every row and token must have at least `full` columns; `full` is a multiple of 16.
-#[target_feature(enable = "avx512f,avx512bw")]
+/// Asks the cache for the bytes `w.prefetch` ahead of block `b` of rows whose blocks lie side
+/// by side (`data`: the rows' base): one run of lines covers this block of every row.
+#[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn block<const F: u8, const R: usize, const T: usize>(
-    rows: &[RowPtr; R],
-    xs: &[*const f32; T],
-    full: usize,
-    out: &mut [[f32; T]; R],
+fn prefetch<const F: u8, const R: usize>(
+    w: &BlockRows<'_, R>,
+    data: *const u8,
+    scales: *const u8,
+    b: usize,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
-    let mut w = [_mm512_setzero_ps(); R];
-    let mut k = 0;
-    while k < full {
-        for r in 0..R {
-            // SAFETY: k + 16 <= full <= columns.
-            w[r] = unsafe { load_chunk::<F>(rows[r], k) };
-        }
-        for t in 0..T {
-            // SAFETY: k + 16 <= full <= columns of token t.
-            let xv = unsafe { _mm512_loadu_ps(xs[t].add(k)) };
-            for r in 0..R {
-                acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_mul_ps(w[r], xv));
-            }
-        }
-        k += LANES;
+    let bb = block_bytes::<F>();
+    // Prefetching never faults, whatever the address.
+    let fetch = |p: *const u8| _mm_prefetch::<_MM_HINT_T0>(p.cast());
+    let ahead = w.data_at(0, b) + w.prefetch;
+    let mut line = 0;
+    while line < R * bb {
+        fetch(data.wrapping_add(ahead + line));
+        line += 64;
     }
-    for r in 0..R {
-        for t in 0..T {
-            out[r][t] = fold(acc[r][t]);
-        }
+    if w.format.has_scales() && b.is_multiple_of(8) {
+        fetch(scales.wrapping_add(w.scale_at(0, b) + w.prefetch / 16));
     }
 }
 
-/// One register block of `R` rows from `n0` and `T` tokens from `t0`, finished with the tree
-/// reduction and the scalar tail, written into `tile`.
-///
 /// # Safety
-/// AVX-512F/BW must be available; indices must be in range (checked by the caller).
-#[target_feature(enable = "avx512f,avx512bw")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn run_block<const F: u8, const R: usize, const T: usize>(
-    w: &WeightMatrix,
-    x: &[f32],
-    tokens: usize,
-    n0: usize,
-    t0: usize,
-    tile: &mut [f32],
-    tile_n0: usize,
+/// As [`block_sums`].
+#[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
+unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const PREFETCH: bool>(
+    w: &BlockRows<'_, R>,
+    x: &[&[f32]; T],
+    reduction: &Reduction,
+    scaled: &ScaledFp4,
+    mut emit: impl Sink<R, T>,
 ) {
-    let cols = w.cols();
-    let full = cols / LANES * LANES;
-    let mut rows = [RowPtr {
-        data: std::ptr::null(),
-        scales: std::ptr::null(),
-    }; R];
-    for (r, row) in rows.iter_mut().enumerate() {
-        *row = RowPtr {
-            data: w.row_bytes(n0 + r).as_ptr(),
-            scales: w.row_scales(n0 + r).as_ptr(),
-        };
-    }
-    let mut xs = [std::ptr::null::<f32>(); T];
-    for (t, p) in xs.iter_mut().enumerate() {
-        *p = x[(t0 + t) * cols..(t0 + t + 1) * cols].as_ptr();
-    }
-    let mut sums = [[0f32; T]; R];
-    // SAFETY: rows and tokens have `cols >= full` columns.
-    unsafe { block::<F, R, T>(&rows, &xs, full, &mut sums) };
-    for r in 0..R {
-        for t in 0..T {
-            let mut tail = 0f32;
-            for k in full..cols {
-                tail += w.element(n0 + r, k) * x[(t0 + t) * cols + k];
+    let pairs = O::PAIRED && matches!(F, BF16 | F16 | MXFP4);
+    let (data, scales) = (w.data.as_ptr(), w.scales.as_ptr());
+    let xs: [*const f32; T] = std::array::from_fn(|t| x[t].as_ptr());
+    let blocks = &reduction.blocks;
+    for s in 0..reduction.segments() {
+        let first = blocks.start + s * reduction.segment;
+        let last = first.saturating_add(reduction.segment).min(blocks.end);
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        for b in first..last {
+            if PREFETCH {
+                prefetch::<F, R>(w, data, scales, b);
             }
-            tile[(n0 + r - tile_n0) * tokens + t0 + t] = sums[r][t] + tail;
-        }
-    }
-}
-
-/// Output rows `[n0, n0 + count)` for every token into `tile` (`[count, tokens]`).
-///
-/// # Safety
-/// AVX-512F/BW must be available ([`available`]).
-#[target_feature(enable = "avx512f,avx512bw")]
-pub unsafe fn tile(
-    x: &[f32],
-    tokens: usize,
-    w: &WeightMatrix,
-    n0: usize,
-    count: usize,
-    tile: &mut [f32],
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        match w.format() {
-            WeightFormat::F32 => tile_rows::<F32>(x, tokens, w, n0, count, tile),
-            WeightFormat::Bf16 => tile_rows::<BF16>(x, tokens, w, n0, count, tile),
-            WeightFormat::F16 => tile_rows::<F16>(x, tokens, w, n0, count, tile),
-            WeightFormat::Mxfp4 => tile_rows::<MXFP4>(x, tokens, w, n0, count, tile),
-        }
-    }
-}
-
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn tile_rows<const F: u8>(
-    x: &[f32],
-    tokens: usize,
-    w: &WeightMatrix,
-    n0: usize,
-    count: usize,
-    tile: &mut [f32],
-) {
-    let mut n = n0;
-    while n < n0 + count {
-        let rows = BLOCK_ROWS.min(n0 + count - n);
-        let mut t = 0;
-        while t < tokens {
-            let ts = BLOCK_TOKENS.min(tokens - t);
-            macro_rules! go {
-                ($r:literal, $t:literal) => {
-                    // SAFETY: forwarded from the caller; n + rows <= w.rows(), t + ts <= tokens.
-                    unsafe { run_block::<F, $r, $t>(w, x, tokens, n, t, tile, n0) }
+            // Every row's block first, then token by token: the live registers are the
+            // accumulators, the R decoded pairs and one token's two input vectors.
+            let mut wv = [(_mm512_setzero_ps(), _mm512_setzero_ps()); R];
+            for (r, wv) in wv.iter_mut().enumerate() {
+                // SAFETY: block b of every row is inside `data` (checked by the caller); the
+                // scale address is only read by MX formats, whose scales were checked too.
+                *wv = unsafe {
+                    decode::<F>(
+                        pairs,
+                        data.add(w.data_at(r, b)),
+                        scales.wrapping_add(w.scale_at(r, b)),
+                        scaled,
+                    )
                 };
             }
-            match (rows, ts) {
-                (4, 4) => go!(4, 4),
-                (4, 3) => go!(4, 3),
-                (4, 2) => go!(4, 2),
-                (4, 1) => go!(4, 1),
-                (3, 4) => go!(3, 4),
-                (3, 3) => go!(3, 3),
-                (3, 2) => go!(3, 2),
-                (3, 1) => go!(3, 1),
-                (2, 4) => go!(2, 4),
-                (2, 3) => go!(2, 3),
-                (2, 2) => go!(2, 2),
-                (2, 1) => go!(2, 1),
-                (1, 4) => go!(1, 4),
-                (1, 3) => go!(1, 3),
-                (1, 2) => go!(1, 2),
-                _ => go!(1, 1),
+            for t in 0..T {
+                // One input vector live at a time: each accumulator still takes its first
+                // half's term before its second's. SAFETY: each input holds blocks.end whole
+                // blocks.
+                let xa = unsafe { _mm512_loadu_ps(xs[t].add(b * BLOCK)) };
+                for r in 0..R {
+                    acc[r][t] = term::<O>(acc[r][t], wv[r].0, xa);
+                }
+                // SAFETY: as above.
+                let xb = unsafe { _mm512_loadu_ps(xs[t].add(b * BLOCK + LANES)) };
+                for r in 0..R {
+                    acc[r][t] = term::<O>(acc[r][t], wv[r].1, xb);
+                }
             }
-            t += ts;
         }
-        n += rows;
+        if reduction.half && last == blocks.end && matches!(F, F32 | BF16 | F16) {
+            let b = blocks.end;
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: the first half of block `end` is inside every row and input (checked).
+                let wa = unsafe { decode_half::<F>(data.add(w.data_at(r, b))) };
+                for (acc, x) in acc.iter_mut().zip(&xs) {
+                    // SAFETY: as above.
+                    let xa = unsafe { _mm512_loadu_ps(x.add(b * BLOCK)) };
+                    *acc = term::<O>(*acc, wa, xa);
+                }
+            }
+        }
+        let mut out = [[0f32; T]; R];
+        for r in 0..R {
+            for t in 0..T {
+                out[r][t] = fold(acc[r][t]);
+            }
+        }
+        emit.segment(s, &out);
     }
 }

@@ -1,36 +1,107 @@
-//! CPU matrix kernels over [`WeightMatrix`] in any stored format.
+//! The CPU numerics kernel layer of afd: lane folds, block decode of every weight format (f32,
+//! bf16, f16, MXFP4, MXINT8) and the register-blocked matrix kernel, shared by the reference
+//! forward ([`matmul`]) and the Corsair card executor (`corsair_ffn::executor`, over its own tile
+//! storage). Both read weights in their stored format and decode 32 values at a time in
+//! registers; nothing is expanded to f32 in memory.
 //!
-//! `out[t, n] = sum_k x[t, k] * w[n, k]` with f32 accumulation in one fixed order: 16 lane
-//! sums over `k` (lane `l` takes every `k = l mod 16`), a fixed halving tree, then the scalar
-//! tail. That order does not depend on the number of tokens, the blocking, the thread count or
-//! the instruction set, so a row's result is bitwise the same alone or in a batch (batch
-//! invariance), and equal to [`dot`] on the decoded row.
+//! The two callers add a dot product's terms in different orders, and each order is part of a
+//! contract (the reference's batch invariance and `dot` equality, the card's bit-exactness
+//! against its software model), so the order is a type parameter ([`SumOrder`]):
 //!
-//! Weights are decoded 16 values at a time in registers inside the loop (bf16 is a shift, MXFP4
-//! a table look-up), never expanded to f32 in memory. A register block of 4 weight rows x 4
-//! tokens reuses every decoded weight for 4 tokens and every token chunk for 4 rows.
-//! candle's CPU matmul is not used for weights: it is some 20x slower on bf16 and cannot read
-//! MXFP4 at all.
-
-use rayon::prelude::*;
+//! - [`Strided`], the reference forward's: lane `l` of 16 f32 lanes takes every element
+//!   `k = l mod 16` of the row, as a separate multiply and add (two roundings); the lanes are
+//!   folded by [`fold_lanes`]; the elements past the last whole 16 are then added one by one.
+//! - [`Paired`], the card's (`corsair_ffn::numerics`): within each 32-element block lane `l`
+//!   takes element `2l`, then `2l + 1`, as fused multiply-adds, folded per segment.
+//!
+//! Neither depends on the number of tokens, the register blocking, the thread count or the
+//! instruction set, so every kernel path gives the same bits as the plain definitions
+//! ([`dot`] and [`paired_partial`]).
+//!
+//! A block's 32 values reach the 16 lanes as two vectors ([`Lanes`]): the first and second
+//! half of the stored block, or its even and odd elements. [`Paired`] deinterleaves bf16, f16
+//! and MXFP4 (a 32-bit word or a byte already holds a pair, so that is a shift or a mask) and
+//! expects f32 and MXINT8 blocks stored even elements first, which the card's tile packing does.
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-#[cfg(target_arch = "x86_64")]
-pub use avx512::fold as fold_lanes_avx512;
+mod block;
+mod matmul;
+mod portable;
 
-use crate::mxfp4;
-use crate::weights::WeightMatrix;
+pub use block::{BlockFormat, BlockRows, Lanes, Strides, decode_block, decode_value};
+pub use matmul::{matmul, matmul_with};
 
-/// Lanes of the fixed-order dot product (one AVX-512 register of f32).
+/// Lanes of the fixed-order sums (one AVX-512 register of f32).
 pub const LANES: usize = 16;
+/// Elements per block: the unit the kernels decode and the card's MX formats scale.
+pub const BLOCK: usize = 32;
 
-/// Output rows handled by one parallel task.
-const ROWS_PER_TASK: usize = 32;
+/// Which implementation runs a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelChoice {
+    /// The widest this CPU supports.
+    #[default]
+    Auto,
+    /// Plain Rust (same bits, slower).
+    Portable,
+}
 
-/// Reduces lane sums with the fixed halving tree.
+/// A fixed summation order of the matrix kernel (see the module documentation).
+pub trait SumOrder: Copy + Send + Sync + 'static {
+    /// Each term is one fused multiply-add (one rounding) rather than a multiply and an add.
+    const FUSED: bool;
+    /// Lane `l` takes elements `2l` and `2l + 1` of each block (else `l` and `16 + l`).
+    const PAIRED: bool;
+
+    /// How blocks of `format` reach the lanes in this order.
+    fn lanes(format: BlockFormat) -> Lanes {
+        lanes_of(Self::PAIRED, format)
+    }
+
+    /// One term added to a lane.
+    #[inline(always)]
+    fn add_term(acc: f32, w: f32, x: f32) -> f32 {
+        if Self::FUSED {
+            w.mul_add(x, acc)
+        } else {
+            acc + w * x
+        }
+    }
+}
+
+/// Lane layout of `format` under an order (`paired` or not): the paired order deinterleaves
+/// the formats that store pairs together and reads f32 and MXINT8 as stored even-first.
+pub const fn lanes_of(paired: bool, format: BlockFormat) -> Lanes {
+    match (paired, format) {
+        (true, BlockFormat::Bf16 | BlockFormat::F16 | BlockFormat::Mxfp4) => Lanes::Pairs,
+        _ => Lanes::Halves,
+    }
+}
+
+/// The reference forward's order: 16 strided lanes over the whole row, multiply then add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided;
+
+impl SumOrder for Strided {
+    const FUSED: bool = false;
+    const PAIRED: bool = false;
+}
+
+/// The card's order: lanes take (even, odd) pairs of each block, fused multiply-adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paired;
+
+impl SumOrder for Paired {
+    const FUSED: bool = true;
+    const PAIRED: bool = true;
+}
+
+/// The fixed halving tree over 16 lane sums: for widths 8, 4, 2, 1, `acc[l] += acc[l + width]`;
+/// `acc[0]` is the result. Every kernel path folds its registers by this tree.
 #[inline(always)]
-pub(crate) fn reduce(mut acc: [f32; LANES]) -> f32 {
+pub fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES / 2;
     while width > 0 {
         for l in 0..width {
@@ -41,7 +112,7 @@ pub(crate) fn reduce(mut acc: [f32; LANES]) -> f32 {
     acc[0]
 }
 
-/// Dot product in the kernels' fixed order (the definition every kernel path reproduces).
+/// `a . b` in the [`Strided`] order: the definition every reference kernel path reproduces.
 #[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
@@ -52,82 +123,197 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         .zip(b[..full].chunks_exact(LANES))
     {
         for l in 0..LANES {
-            acc[l] += ca[l] * cb[l];
+            acc[l] = Strided::add_term(acc[l], cb[l], ca[l]);
         }
     }
     let mut tail = 0f32;
     for i in full..a.len() {
         tail += a[i] * b[i];
     }
-    reduce(acc) + tail
+    fold_lanes(acc) + tail
 }
 
-/// Portable path: decode each weight row into a buffer, then [`dot`] with every token.
-fn tile_portable(
-    x: &[f32],
-    tokens: usize,
-    w: &WeightMatrix,
-    n0: usize,
-    count: usize,
-    tile: &mut [f32],
-) {
-    let cols = w.cols();
-    let mut row = vec![0f32; cols];
-    for (i, out) in tile.chunks_exact_mut(tokens).take(count).enumerate() {
-        w.decode_row(n0 + i, mxfp4::scale_table(), &mut row);
-        for (t, o) in out.iter_mut().enumerate() {
-            *o = dot(&x[t * cols..(t + 1) * cols], &row);
-        }
-    }
-}
-
-/// Computes output rows `[n0, n0 + count)` for every token into `tile` (`[count, tokens]`),
-/// on the widest instruction set this CPU has. Every path computes the same bits: the
-/// arithmetic (separate multiply and add, no contraction) and its order are the same.
-fn tile(x: &[f32], tokens: usize, w: &WeightMatrix, n0: usize, count: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if avx512::available() {
-            // SAFETY: the features were just detected on this CPU.
-            return unsafe { avx512::tile(x, tokens, w, n0, count, out) };
-        }
-    }
-    tile_portable(x, tokens, w, n0, count, out)
-}
-
-/// `out[t, n] = sum_k x[t, k] * w[n, k] + bias[n]` for `tokens` rows of `x` (`[tokens, cols]`),
-/// writing `out` (`[tokens, rows]`). Runs on the rayon pool.
-pub fn matmul(x: &[f32], tokens: usize, w: &WeightMatrix, bias: Option<&[f32]>, out: &mut [f32]) {
-    let (rows, cols) = (w.rows(), w.cols());
-    assert_eq!(x.len(), tokens * cols, "matmul input size");
-    assert_eq!(out.len(), tokens * rows, "matmul output size");
-    if let Some(b) = bias {
-        assert_eq!(b.len(), rows, "matmul bias size");
-    }
-    if tokens == 0 || rows == 0 {
-        return;
-    }
-    let tasks = rows.div_ceil(ROWS_PER_TASK);
-    let run = |task: usize| {
-        let n0 = task * ROWS_PER_TASK;
-        let count = ROWS_PER_TASK.min(rows - n0);
-        let mut buf = vec![0f32; count * tokens];
-        tile(x, tokens, w, n0, count, &mut buf);
-        (n0, buf)
-    };
-    let tiles: Vec<(usize, Vec<f32>)> = if tasks == 1 {
-        vec![run(0)]
-    } else {
-        (0..tasks).into_par_iter().map(run).collect()
-    };
-    for (n0, buf) in tiles {
-        for (i, col) in buf.chunks_exact(tokens).enumerate() {
-            let b = bias.map_or(0.0, |b| b[n0 + i]);
-            for (t, v) in col.iter().enumerate() {
-                out[t * rows + n0 + i] = v + b;
+/// `w . x` over elements `[start, end)` in the [`Paired`] order, written from its definition:
+/// 16 lanes from `+0.0`; the 32-element blocks from `start` in order; in each, lane `l` takes
+/// element `2l` then `2l + 1` (those at or past `end` skipped) with a fused multiply-add; the
+/// lanes folded by [`fold_lanes`]. The card sums these partials segment by segment.
+pub fn paired_partial(w: &[f32], x: &[f32], start: usize, end: usize) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut k0 = start;
+    while k0 < end {
+        for half in 0..2 {
+            for (l, a) in acc.iter_mut().enumerate() {
+                let k = k0 + 2 * l + half;
+                if k < end {
+                    *a = Paired::add_term(*a, w[k], x[k]);
+                }
             }
         }
+        k0 += BLOCK;
     }
+    fold_lanes(acc)
+}
+
+/// Calls [`BlockJob::run`] over a grid of `rows` x `tokens` in register blocks: with one token,
+/// 8 rows at a time (8 independent accumulators keep the multiply-add units busy), else 4 rows
+/// x up to 4 tokens. Blocks of 8 rows start at multiples of 8 and blocks of fewer rows at
+/// multiples of 4, so a block never straddles an aligned group of 8 rows.
+pub fn register_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
+    if tokens == 0 {
+        return;
+    }
+    if tokens == 1 {
+        let mut r = 0;
+        while r + 8 <= rows {
+            job.run::<8, 1>(r, 0);
+            r += 8;
+        }
+        while r < rows {
+            job.run::<1, 1>(r, 0);
+            r += 1;
+        }
+        return;
+    }
+    let mut r = 0;
+    while r < rows {
+        let rr = (rows - r).min(4);
+        let mut t = 0;
+        while t < tokens {
+            let tt = (tokens - t).min(4);
+            match (rr, tt) {
+                (4, 4) => job.run::<4, 4>(r, t),
+                (4, 3) => job.run::<4, 3>(r, t),
+                (4, 2) => job.run::<4, 2>(r, t),
+                (4, 1) => job.run::<4, 1>(r, t),
+                (3, 4) => job.run::<3, 4>(r, t),
+                (2, 4) => job.run::<2, 4>(r, t),
+                (1, 4) => job.run::<1, 4>(r, t),
+                (3, _) => job.run::<3, 1>(r, t),
+                (2, _) => job.run::<2, 1>(r, t),
+                _ => job.run::<1, 1>(r, t),
+            }
+            t += if rr < 4 && tt < 4 { 1 } else { tt };
+        }
+        r += rr;
+    }
+}
+
+/// Work on one register block of a grid (see [`register_blocks`]).
+pub trait BlockJob {
+    /// Rows `r0..r0 + R`, tokens `t0..t0 + T`.
+    fn run<const R: usize, const T: usize>(&mut self, r0: usize, t0: usize);
+}
+
+/// The part of the reduction dimension one kernel call sums: blocks `blocks`, cut from its
+/// start into segments of `segment` blocks that are each folded on their own (the card's 512-
+/// element segments; `usize::MAX` for one segment), and with `half` the first 16 values of
+/// block `blocks.end` added into the last segment before its fold (the [`Strided`] order's last
+/// 16 of a row; dense formats in [`Lanes::Halves`] only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reduction {
+    /// Whole blocks summed.
+    pub blocks: std::ops::Range<usize>,
+    /// Blocks per folded segment.
+    pub segment: usize,
+    /// Whether the first half of block `blocks.end` is added too.
+    pub half: bool,
+}
+
+impl Reduction {
+    /// Blocks `blocks` as one segment, without a half block.
+    pub fn whole(blocks: std::ops::Range<usize>) -> Self {
+        Reduction {
+            blocks,
+            segment: usize::MAX,
+            half: false,
+        }
+    }
+
+    /// Segments the reduction has (at least one: an empty one folds to `+0.0`).
+    pub fn segments(&self) -> usize {
+        self.blocks.len().div_ceil(self.segment).max(1)
+    }
+}
+
+/// Where [`block_sums`] hands each segment's sums: any `FnMut(segment, &sums)`, or a type whose
+/// method the compiler is told to inline into the kernel's loop (a closure call there can cost
+/// more than the segment's fold).
+pub trait Sink<const R: usize, const T: usize> {
+    /// Segment `s`'s sums: `sums[r][t]` of row `r` against input `t`.
+    fn segment(&mut self, s: usize, sums: &[[f32; T]; R]);
+}
+
+impl<const R: usize, const T: usize, F: FnMut(usize, &[[f32; T]; R])> Sink<R, T> for F {
+    #[inline(always)]
+    fn segment(&mut self, s: usize, sums: &[[f32; T]; R]) {
+        self(s, sums)
+    }
+}
+
+/// Folded sums of `R` weight rows against `T` input rows in `order`, on the path `kernel`
+/// picks: for each segment `s` of `reduction`, `emit.segment(s, sums)` with `sums[r][t]` the
+/// segment's sum of row `r` of `w` against `x[t]`.
+///
+/// Each `x[t]` starts at the rows' first block (element 0 of block 0) and holds at least
+/// `blocks.end` whole blocks (plus 16 values with `half`); inputs of the [`Paired`] order are
+/// pair-ordered the way [`Lanes`] says.
+///
+/// # Panics
+/// If a row or input is too short for the reduction, or `half` is asked of a format or order
+/// that has none.
+pub fn block_sums<O: SumOrder, const R: usize, const T: usize>(
+    w: &BlockRows<'_, R>,
+    x: &[&[f32]; T],
+    reduction: &Reduction,
+    kernel: KernelChoice,
+    emit: impl Sink<R, T>,
+) {
+    let Reduction {
+        blocks,
+        segment,
+        half,
+    } = reduction;
+    assert!(*segment > 0, "segments of no blocks");
+    let lanes = O::lanes(w.format);
+    assert!(
+        !half || (lanes == Lanes::Halves && !w.format.has_scales()),
+        "a half block is only for dense formats in halves"
+    );
+    w.check(blocks.end, *half);
+    let need = blocks.end * BLOCK + if *half { LANES } else { 0 };
+    assert!(
+        x.iter().all(|x| x.len() >= need),
+        "kernel input rows too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if kernel == KernelChoice::Auto && avx512::available() {
+        // SAFETY: the CPU features were just detected; the rows and inputs were checked above
+        // to hold every block (and half block) the kernel reads.
+        return unsafe { avx512::block_sums::<O, R, T>(w, x, reduction, emit) };
+    }
+    let _ = kernel;
+    portable::block_sums::<O, R, T>(w, x, reduction, emit)
+}
+
+/// Asks the cache for the first `limit` bytes of `bytes` at once (a stream's start, which the
+/// prefetch inside the kernel does not cover); nothing where the CPU has no such hint.
+pub fn prefetch_start(bytes: &[u8], limit: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut line = 0;
+        while line < limit.min(bytes.len()) {
+            // SAFETY: SSE is part of x86-64; a prefetch never faults, and the address is inside
+            // `bytes` anyway.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    bytes[line..].as_ptr().cast(),
+                )
+            };
+            line += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (bytes, limit);
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 use super::*;
 use crate::checkpoint::SharedBytes;
-use crate::weights::WeightFormat;
+use crate::weights::{WeightFormat, WeightMatrix};
 use proptest::prelude::*;
 
 fn naive(x: &[f32], tokens: usize, w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
@@ -126,5 +126,239 @@ fn bf16_and_strided_rows() {
         let r = 1 + 2 * i;
         let expect = dot(&x, &w[r * cols..(r + 1) * cols]) + (i + 1) as f32;
         assert_eq!(*o, expect);
+    }
+}
+
+/// Natural-order values of `blocks` random blocks of `format`, and their stored bytes and
+/// scales as the order `paired` reads them (f32 and MXINT8 even elements first when paired).
+fn random_blocks(
+    format: BlockFormat,
+    paired: bool,
+    blocks: usize,
+    seed: u64,
+) -> (Vec<f32>, Vec<u8>, Vec<u8>) {
+    let raw = values(seed, blocks * BLOCK);
+    let scales: Vec<u8> = (0..blocks).map(|b| 120 + (b as u8 * 3) % 9).collect();
+    let mut natural = vec![0f32; blocks * BLOCK];
+    let mut data = vec![0u8; blocks * format.block_bytes()];
+    let even_first = paired && lanes_of(true, format) == Lanes::Halves;
+    for b in 0..blocks {
+        let bytes = &mut data[b * format.block_bytes()..(b + 1) * format.block_bytes()];
+        let scale = crate::mxfp4::SCALE_LUT[scales[b] as usize];
+        // Stored position of natural element i.
+        let at = |i: usize| {
+            if even_first {
+                i / 2 + (i % 2) * LANES
+            } else {
+                i
+            }
+        };
+        for i in 0..BLOCK {
+            let v = raw[b * BLOCK + i] * 8.0;
+            let (value, j) = (&mut natural[b * BLOCK + i], at(i));
+            match format {
+                BlockFormat::F32 => {
+                    *value = v;
+                    bytes[4 * j..4 * j + 4].copy_from_slice(&v.to_le_bytes());
+                }
+                BlockFormat::Bf16 => {
+                    let h = half::bf16::from_f32(v);
+                    *value = h.to_f32();
+                    bytes[2 * j..2 * j + 2].copy_from_slice(&h.to_le_bytes());
+                }
+                BlockFormat::F16 => {
+                    let h = half::f16::from_f32(v);
+                    *value = h.to_f32();
+                    bytes[2 * j..2 * j + 2].copy_from_slice(&h.to_le_bytes());
+                }
+                BlockFormat::Mxfp4 => {
+                    let nibble = (v.to_bits() >> 7) as u8 & 0x0f;
+                    *value = crate::mxfp4::FP4_VALUES[nibble as usize] * scale;
+                    bytes[j / 2] |= nibble << (4 * (j % 2));
+                }
+                BlockFormat::Mxint8 => {
+                    let q = (v * 15.0) as i8;
+                    *value = q as f32 * scale;
+                    bytes[j] = q as u8;
+                }
+            }
+        }
+    }
+    (natural, data, scales)
+}
+
+/// `x` pair-ordered within each block (the paired order's inputs).
+fn pair_ordered(x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for (b, block) in out.chunks_exact_mut(BLOCK).enumerate() {
+        for l in 0..LANES {
+            block[l] = x[b * BLOCK + 2 * l];
+            block[LANES + l] = x[b * BLOCK + 2 * l + 1];
+        }
+    }
+    out
+}
+
+const FORMATS: [BlockFormat; 5] = [
+    BlockFormat::F32,
+    BlockFormat::Bf16,
+    BlockFormat::F16,
+    BlockFormat::Mxfp4,
+    BlockFormat::Mxint8,
+];
+
+/// 3 rows x 2 inputs over `blocks` blocks in the paired order, rows interleaved block by block
+/// (the card's tile layout, so strides are exercised): each path's sums against
+/// [`paired_partial`] of the natural-order values.
+fn check_paired(format: BlockFormat, blocks: usize, seed: u64) {
+    let rows: Vec<_> = (0..3)
+        .map(|r| random_blocks(format, true, blocks, seed + r))
+        .collect();
+    let bb = format.block_bytes();
+    let mut data = vec![0u8; 3 * blocks * bb];
+    let mut scales = vec![0u8; 3 * blocks];
+    for (r, (_, d, s)) in rows.iter().enumerate() {
+        for b in 0..blocks {
+            data[(b * 3 + r) * bb..(b * 3 + r + 1) * bb].copy_from_slice(&d[b * bb..(b + 1) * bb]);
+            scales[b * 3 + r] = s[b];
+        }
+    }
+    let x: Vec<Vec<f32>> = (0..2)
+        .map(|t| values(seed + 10 + t, blocks * BLOCK))
+        .collect();
+    let xp: Vec<Vec<f32>> = x.iter().map(|x| pair_ordered(x)).collect();
+    let w = BlockRows::<3>::new(
+        format,
+        &data,
+        Strides {
+            row: bb,
+            block: 3 * bb,
+        },
+        &scales,
+        Strides { row: 1, block: 3 },
+    );
+    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+        let mut got = [[0f32; 2]; 3];
+        let whole = Reduction::whole(0..blocks);
+        block_sums::<Paired, 3, 2>(
+            &w,
+            &[&xp[0], &xp[1]],
+            &whole,
+            kernel,
+            |_, s: &[[f32; 2]; 3]| got = *s,
+        );
+        for (r, (natural, _, _)) in rows.iter().enumerate() {
+            for t in 0..2 {
+                let want = paired_partial(natural, &x[t], 0, blocks * BLOCK);
+                assert_eq!(
+                    got[r][t].to_bits(),
+                    want.to_bits(),
+                    "{format:?} {kernel:?} row {r} input {t}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn paired_order_equals_its_definition_on_both_paths_for_every_format() {
+    for format in FORMATS {
+        for (blocks, seed) in [(1, 1), (3, 7), (16, 11)] {
+            check_paired(format, blocks, seed);
+        }
+    }
+}
+
+#[test]
+fn strided_order_equals_dot_on_both_paths_for_every_format() {
+    for format in FORMATS {
+        let blocks = 5;
+        let (natural, data, scales) = random_blocks(format, false, blocks, 3);
+        let x = values(4, blocks * BLOCK);
+        let strides = |block| Strides { row: 0, block };
+        let w = BlockRows::<1>::new(
+            format,
+            &data,
+            strides(format.block_bytes()),
+            &scales,
+            strides(1),
+        );
+        for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+            let mut got = [[0f32; 1]; 1];
+            let whole = Reduction::whole(0..blocks);
+            block_sums::<Strided, 1, 1>(&w, &[&x], &whole, kernel, |_, s: &[[f32; 1]; 1]| got = *s);
+            assert_eq!(
+                got[0][0].to_bits(),
+                dot(&natural, &x).to_bits(),
+                "{format:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn decoded_lanes_are_the_stored_halves_or_pairs() {
+    let (natural, data, scales) = random_blocks(BlockFormat::Mxfp4, false, 1, 5);
+    let (a, b) = decode_block(BlockFormat::Mxfp4, Lanes::Halves, &data, scales[0]);
+    assert_eq!(&a[..], &natural[..16]);
+    assert_eq!(&b[..], &natural[16..]);
+    let (a, b) = decode_block(BlockFormat::Mxfp4, Lanes::Pairs, &data, scales[0]);
+    for l in 0..LANES {
+        assert_eq!((a[l], b[l]), (natural[2 * l], natural[2 * l + 1]));
+    }
+}
+
+#[test]
+fn both_paths_agree_across_register_blocks_and_strided_matrices() {
+    for (rows, cols, tokens) in [(13, 70, 1), (9, 64, 5), (21, 200, 9), (8, 16, 3)] {
+        for m in [
+            bf16_matrix(rows * 2, cols, 9).0.select_rows(1, 2, rows),
+            WeightMatrix::from_f32(rows, cols, &values(2, rows * cols)),
+        ] {
+            let x = values(5, tokens * cols);
+            let (mut a, mut b) = (vec![0f32; tokens * rows], vec![0f32; tokens * rows]);
+            matmul_with(&x, tokens, &m, None, &mut a, KernelChoice::Auto);
+            matmul_with(&x, tokens, &m, None, &mut b, KernelChoice::Portable);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{rows}x{cols}, {tokens} tokens");
+        }
+    }
+}
+
+#[test]
+fn lane_fold_is_the_halving_tree() {
+    // Lane 0 = 2^24 (ulp 2) swallows the 1 of lane 8 (a tie, to even), then takes lanes 4, 2
+    // and 1 as 2, 4 and 8 (sums of 2, 4 and 8 ones): 2^24 + 14. Another tree gives another sum.
+    let mut acc = [1f32; LANES];
+    acc[0] = 16_777_216.0;
+    assert_eq!(fold_lanes(acc), 16_777_216.0 + 14.0);
+    let sequential = acc.iter().fold(0f32, |s, v| s + v);
+    assert_eq!(sequential, 16_777_216.0);
+}
+
+#[test]
+fn segments_are_folded_on_their_own_in_order() {
+    let (natural, data, scales) = random_blocks(BlockFormat::Bf16, true, 5, 8);
+    let x = values(6, 5 * BLOCK);
+    let xp = pair_ordered(&x);
+    let strides = |block| Strides { row: 0, block };
+    let w = BlockRows::<1>::new(BlockFormat::Bf16, &data, strides(64), &scales, strides(1));
+    let reduction = Reduction {
+        segment: 2,
+        ..Reduction::whole(0..5)
+    };
+    assert_eq!(reduction.segments(), 3);
+    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+        let mut got = Vec::new();
+        block_sums::<Paired, 1, 1>(&w, &[&xp], &reduction, kernel, |s, v: &[[f32; 1]; 1]| {
+            got.push((s, v[0][0]))
+        });
+        let want: Vec<(usize, f32)> = (0..3)
+            .map(|s| {
+                let end = (2 * s + 2).min(5) * BLOCK;
+                (s, paired_partial(&natural, &x, 2 * s * BLOCK, end))
+            })
+            .collect();
+        assert_eq!(got, want, "{kernel:?}");
     }
 }

@@ -169,12 +169,41 @@ impl WeightMatrix {
 
     /// Raw stored bytes of row `r` (for MXFP4, its packed blocks; see [`Self::row_scales`]).
     pub fn row_bytes(&self, r: usize) -> &[u8] {
-        let per_row = match self.format {
-            WeightFormat::Mxfp4 => self.cols / 2,
-            f => f.row_bytes(self.cols),
-        };
+        let per_row = self.data_per_row();
         let p = self.physical_row(r);
         &self.data.as_bytes()[p * per_row..(p + 1) * per_row]
+    }
+
+    /// Data bytes of one stored row (for MXFP4, its packed blocks).
+    fn data_per_row(&self) -> usize {
+        match self.format {
+            WeightFormat::Mxfp4 => self.cols / 2,
+            f => f.row_bytes(self.cols),
+        }
+    }
+
+    /// The stored bytes from row `r` to the end of the storage, and the bytes from one selected
+    /// row to the next (for kernels that walk several rows from one base).
+    pub fn rows_from(&self, r: usize) -> (&[u8], usize) {
+        let per_row = self.data_per_row();
+        (
+            &self.data.as_bytes()[self.physical_row(r) * per_row..],
+            per_row * self.row_step,
+        )
+    }
+
+    /// [`Self::rows_from`] for the MXFP4 scales (empty, 0 for dense formats).
+    pub fn scales_from(&self, r: usize) -> (&[u8], usize) {
+        match &self.scales {
+            Some(s) => {
+                let per_row = self.cols / mxfp4::BLOCK;
+                (
+                    &s.as_bytes()[self.physical_row(r) * per_row..],
+                    per_row * self.row_step,
+                )
+            }
+            None => (&[], 0),
+        }
     }
 
     /// MXFP4 scale bytes of row `r` (empty for dense formats).
@@ -216,31 +245,12 @@ impl WeightMatrix {
 
     /// Element `(r, k)` decoded to f32 (for kernel tails; slow per element).
     pub fn element(&self, r: usize, k: usize) -> f32 {
-        let bytes = self.row_bytes(r);
-        match self.format {
-            WeightFormat::F32 => f32::from_le_bytes([
-                bytes[4 * k],
-                bytes[4 * k + 1],
-                bytes[4 * k + 2],
-                bytes[4 * k + 3],
-            ]),
-            WeightFormat::Bf16 => {
-                f32::from_bits((u16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]]) as u32) << 16)
-            }
-            WeightFormat::F16 => {
-                half::f16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]]).to_f32()
-            }
-            WeightFormat::Mxfp4 => {
-                let b = bytes[k / 2];
-                let nibble = if k.is_multiple_of(2) {
-                    b & 0x0f
-                } else {
-                    b >> 4
-                };
-                mxfp4::FP4_VALUES[nibble as usize]
-                    * mxfp4::SCALE_LUT[self.row_scales(r)[k / mxfp4::BLOCK] as usize]
-            }
-        }
+        let scale = match self.format {
+            WeightFormat::Mxfp4 => self.row_scales(r)[k / mxfp4::BLOCK],
+            _ => 0,
+        };
+        let format = crate::kernels::BlockFormat::of(self.format);
+        crate::kernels::decode_value(format, self.row_bytes(r), k, scale)
     }
 
     /// The whole matrix decoded to f32, row-major (for small matrices and tests).

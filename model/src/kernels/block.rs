@@ -1,0 +1,225 @@
+//! Block formats, how a block's values reach the lanes, and the rows a kernel reads.
+
+use super::{BLOCK, LANES};
+use crate::mxfp4;
+use crate::weights::WeightFormat;
+
+/// How a 32-element block of weights is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockFormat {
+    /// 32-bit floats.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    F16,
+    /// MXFP4: 16 bytes of FP4 nibble pairs (element `2j` in the low nibble of byte `j`) and one
+    /// E8M0 scale byte.
+    Mxfp4,
+    /// MXINT8: 32 int8 values and one E8M0 scale byte.
+    Mxint8,
+}
+
+impl BlockFormat {
+    /// The block format of a checkpoint's stored format.
+    pub const fn of(format: WeightFormat) -> Self {
+        match format {
+            WeightFormat::F32 => BlockFormat::F32,
+            WeightFormat::Bf16 => BlockFormat::Bf16,
+            WeightFormat::F16 => BlockFormat::F16,
+            WeightFormat::Mxfp4 => BlockFormat::Mxfp4,
+        }
+    }
+
+    /// Data bytes of one block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            BlockFormat::F32 => BLOCK * 4,
+            BlockFormat::Bf16 | BlockFormat::F16 => BLOCK * 2,
+            BlockFormat::Mxfp4 => BLOCK / 2,
+            BlockFormat::Mxint8 => BLOCK,
+        }
+    }
+
+    /// Whether each block has a scale byte.
+    pub const fn has_scales(self) -> bool {
+        matches!(self, BlockFormat::Mxfp4 | BlockFormat::Mxint8)
+    }
+}
+
+/// How the 32 stored values of a block fill the two 16-lane vectors a kernel adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lanes {
+    /// Stored values `0..16`, then `16..32`.
+    Halves,
+    /// Stored even values, then odd ones.
+    Pairs,
+}
+
+/// Value `i` of stored bytes `data` in `format` (`scale`: the E8M0 scale byte of the value's
+/// block, ignored by dense formats). Exact in f32; MX values are `value * 2^(scale - 127)` as
+/// one f32 multiply.
+#[inline(always)]
+pub fn decode_value(format: BlockFormat, data: &[u8], i: usize, scale: u8) -> f32 {
+    match format {
+        BlockFormat::F32 => f32::from_le_bytes([
+            data[4 * i],
+            data[4 * i + 1],
+            data[4 * i + 2],
+            data[4 * i + 3],
+        ]),
+        BlockFormat::Bf16 => {
+            f32::from_bits((u16::from_le_bytes([data[2 * i], data[2 * i + 1]]) as u32) << 16)
+        }
+        BlockFormat::F16 => half::f16::from_le_bytes([data[2 * i], data[2 * i + 1]]).to_f32(),
+        BlockFormat::Mxfp4 => {
+            let b = data[i / 2];
+            let nibble = if i.is_multiple_of(2) {
+                b & 0x0f
+            } else {
+                b >> 4
+            };
+            mxfp4::FP4_VALUES[nibble as usize] * mxfp4::SCALE_LUT[scale as usize]
+        }
+        BlockFormat::Mxint8 => data[i] as i8 as f32 * mxfp4::SCALE_LUT[scale as usize],
+    }
+}
+
+/// Decodes one block (`data`: its bytes, `scale`: its scale byte, ignored by dense formats)
+/// into the two lane vectors `lanes` says, value by value as [`decode_value`].
+#[inline(always)]
+pub fn decode_block(
+    format: BlockFormat,
+    lanes: Lanes,
+    data: &[u8],
+    scale: u8,
+) -> ([f32; LANES], [f32; LANES]) {
+    let value = |i: usize| decode_value(format, data, i, scale);
+    match lanes {
+        Lanes::Halves => (
+            std::array::from_fn(value),
+            std::array::from_fn(|l| value(LANES + l)),
+        ),
+        Lanes::Pairs => (
+            std::array::from_fn(|l| value(2 * l)),
+            std::array::from_fn(|l| value(2 * l + 1)),
+        ),
+    }
+}
+
+/// Where the blocks of a set of rows lie: `row` bytes from one row's block to the next row's
+/// same block, `block` bytes from one block of a row to its next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strides {
+    /// Bytes between rows.
+    pub row: usize,
+    /// Bytes between consecutive blocks of a row.
+    pub block: usize,
+}
+
+/// `R` weight rows as a kernel reads them: block `b` of row `r` starts at byte
+/// `r * data_strides.row + b * data_strides.block` of `data`, and for MX formats its scale is
+/// byte `r * scale_strides.row + b * scale_strides.block` of `scales`. One base and two
+/// strides (rather than a pointer per row) keep the kernel's loop to one moving address.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockRows<'a, const R: usize> {
+    pub(super) format: BlockFormat,
+    pub(super) data: &'a [u8],
+    pub(super) data_strides: Strides,
+    pub(super) scales: &'a [u8],
+    pub(super) scale_strides: Strides,
+    /// Bytes ahead of the block being read that the AVX-512 path asks the cache for (0: none;
+    /// only for adjacent rows).
+    pub(super) prefetch: usize,
+}
+
+impl<'a, const R: usize> BlockRows<'a, R> {
+    /// Rows of `format` laid out as the type says (scales are ignored by dense formats: pass
+    /// an empty slice).
+    pub fn new(
+        format: BlockFormat,
+        data: &'a [u8],
+        data_strides: Strides,
+        scales: &'a [u8],
+        scale_strides: Strides,
+    ) -> Self {
+        BlockRows {
+            format,
+            data,
+            data_strides,
+            scales,
+            scale_strides,
+            prefetch: 0,
+        }
+    }
+
+    /// The same rows, with the AVX-512 path fetching `bytes` ahead of each block it reads
+    /// (streams from memory that the hardware prefetcher does not run far enough ahead of),
+    /// when the rows' blocks lie side by side (the card's row groups); other layouts leave it
+    /// to the hardware.
+    pub fn with_prefetch(mut self, bytes: usize) -> Self {
+        self.prefetch = bytes;
+        self
+    }
+
+    /// The rows' format.
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+
+    /// Whether the rows' blocks lie side by side (row `r`'s block `b` right after row
+    /// `r - 1`'s), so one run of cache lines covers a block of every row.
+    pub(super) fn adjacent(&self) -> bool {
+        let bb = self.format.block_bytes();
+        self.data_strides.row == bb && self.data_strides.block >= R * bb
+    }
+
+    /// Checks that every row holds blocks `0..end` (and the first half of block `end`).
+    pub(super) fn check(&self, end: usize, half: bool) {
+        let bb = self.format.block_bytes();
+        let last_row = (R - 1) * self.data_strides.row;
+        let data_need = match (end, half) {
+            (_, true) => last_row + end * self.data_strides.block + bb / 2,
+            (0, false) => 0,
+            (_, false) => last_row + (end - 1) * self.data_strides.block + bb,
+        };
+        assert!(self.data.len() >= data_need, "kernel weight rows too short");
+        if self.format.has_scales() && end > 0 {
+            let need = (R - 1) * self.scale_strides.row + (end - 1) * self.scale_strides.block + 1;
+            assert!(self.scales.len() >= need, "kernel scale rows too short");
+        }
+    }
+
+    /// Byte offset of block `b` of row `r` in `data`.
+    #[inline(always)]
+    pub(super) fn data_at(&self, r: usize, b: usize) -> usize {
+        r * self.data_strides.row + b * self.data_strides.block
+    }
+
+    /// Byte offset of the scale of block `b` of row `r` in `scales`.
+    #[inline(always)]
+    pub(super) fn scale_at(&self, r: usize, b: usize) -> usize {
+        r * self.scale_strides.row + b * self.scale_strides.block
+    }
+
+    /// Decoded lane vectors of block `b` of row `r` (portable path).
+    #[inline(always)]
+    pub(super) fn block(&self, r: usize, b: usize, lanes: Lanes) -> ([f32; LANES], [f32; LANES]) {
+        let (bb, at) = (self.format.block_bytes(), self.data_at(r, b));
+        let scale = if self.format.has_scales() {
+            self.scales[self.scale_at(r, b)]
+        } else {
+            0
+        };
+        decode_block(self.format, lanes, &self.data[at..at + bb], scale)
+    }
+
+    /// The first 16 values of block `b` of row `r`, a dense format (portable path).
+    #[inline(always)]
+    pub(super) fn half_block(&self, r: usize, b: usize) -> [f32; LANES] {
+        let (bb, at) = (self.format.block_bytes(), self.data_at(r, b));
+        let mut padded = [0u8; BLOCK * 4];
+        padded[..bb / 2].copy_from_slice(&self.data[at..at + bb / 2]);
+        decode_block(self.format, Lanes::Halves, &padded[..bb], 0).0
+    }
+}
