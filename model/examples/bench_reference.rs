@@ -7,6 +7,7 @@
 //! cargo run --release -p model --example bench_reference -- /tmp/mixtral-medium
 //! ```
 //! Prints tokens/s per batch size for both and the ratio `afd / candle` (goal: >= 1.0).
+//! `--afd-only` after the directory skips candle (for profiling afd's forward alone).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -27,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .ok_or("usage: bench_reference CHECKPOINT_DIR (a Mixtral-family checkpoint, e.g. afd synth --family mixtral --preset medium)")?
         .into();
+    let afd_only = std::env::args().skip(2).any(|a| a == "--afd-only");
     let weights = ModelWeights::load(&dir)?;
     let cfg = weights.config.clone();
     let active_bytes = active_weight_bytes(&weights);
@@ -47,16 +49,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Interleave the two so that machine noise hits both alike; keep the best round of each.
         for round in 0..ROUNDS {
             afd.push(afd_decode(&mut ours, batch, round as u64)?);
+            if afd_only {
+                continue;
+            }
             // candle's Mixtral has no way to clear its KV cache: build a fresh one per run.
             let mut theirs = candle_mixtral(&dir, &cfg)?;
             candle.push(candle_decode(&mut theirs, batch)?);
         }
         let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
         let (a, c) = (best(&afd), best(&candle));
-        println!(
-            "batch {batch:>2}: afd reference {a:8.1} tok/s   candle-transformers mixtral (f32) {c:8.1} tok/s   ratio {:.2}x",
-            a / c
-        );
+        if afd_only {
+            println!("batch {batch:>2}: afd reference {a:8.1} tok/s");
+        } else {
+            println!(
+                "batch {batch:>2}: afd reference {a:8.1} tok/s   candle-transformers mixtral (f32) {c:8.1} tok/s   ratio {:.2}x",
+                a / c
+            );
+        }
         if batch == 1 {
             let achieved = a * active_bytes as f64;
             println!(

@@ -47,7 +47,7 @@ pub(super) unsafe fn block_sums<O: SumOrder, const R: usize, const T: usize>(
         ($f:expr) => {
             // SAFETY: forwarded from the caller.
             unsafe {
-                if w.prefetch > 0 && w.adjacent() {
+                if w.prefetch > 0 && w.prefetch_steps(reduction.blocks.end).is_some() {
                     sums::<O, { $f }, R, T, true>(w, x, reduction, scaled, emit)
                 } else {
                     sums::<O, { $f }, R, T, false>(w, x, reduction, scaled, emit)
@@ -209,27 +209,29 @@ fn fold(acc: __m512) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)))
 }
 
-/// Asks the cache for the bytes `w.prefetch` ahead of block `b` of rows whose blocks lie side
-/// by side (`data`: the rows' base): one run of lines covers this block of every row.
+/// Asks the cache for the bytes `w.prefetch` ahead of block `b` (`data`: the rows' base), where
+/// one run of lines covers this block of every row: block `b`'s run starts `b * steps.0` bytes
+/// from the base, its scales' `b * steps.1` (see `BlockRows::prefetch_steps`).
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn prefetch<const F: u8, const R: usize>(
     w: &BlockRows<'_, R>,
     data: *const u8,
     scales: *const u8,
+    steps: (usize, usize),
     b: usize,
 ) {
     let bb = block_bytes::<F>();
     // Prefetching never faults, whatever the address.
     let fetch = |p: *const u8| _mm_prefetch::<_MM_HINT_T0>(p.cast());
-    let ahead = w.data_at(0, b) + w.prefetch;
+    let ahead = b * steps.0 + w.prefetch;
     let mut line = 0;
     while line < R * bb {
         fetch(data.wrapping_add(ahead + line));
         line += 64;
     }
     if w.format.has_scales() && b.is_multiple_of(8) {
-        fetch(scales.wrapping_add(w.scale_at(0, b) + w.prefetch / 16));
+        fetch(scales.wrapping_add(b * steps.1 + w.prefetch / 16));
     }
 }
 
@@ -247,13 +249,14 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
     let (data, scales) = (w.data.as_ptr(), w.scales.as_ptr());
     let xs: [*const f32; T] = std::array::from_fn(|t| x[t].as_ptr());
     let blocks = &reduction.blocks;
+    let steps = w.prefetch_steps(blocks.end).unwrap_or((0, 0));
     for s in 0..reduction.segments() {
         let first = blocks.start + s * reduction.segment;
         let last = first.saturating_add(reduction.segment).min(blocks.end);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         for b in first..last {
             if PREFETCH {
-                prefetch::<F, R>(w, data, scales, b);
+                prefetch::<F, R>(w, data, scales, steps, b);
             }
             // Every row's block first, then token by token: the live registers are the
             // accumulators, the R decoded pairs and one token's two input vectors.

@@ -129,7 +129,7 @@ pub struct BlockRows<'a, const R: usize> {
     pub(super) scales: &'a [u8],
     pub(super) scale_strides: Strides,
     /// Bytes ahead of the block being read that the AVX-512 path asks the cache for (0: none;
-    /// only for adjacent rows).
+    /// only for the layouts of [`Self::prefetch_steps`]).
     pub(super) prefetch: usize,
 }
 
@@ -155,8 +155,8 @@ impl<'a, const R: usize> BlockRows<'a, R> {
 
     /// The same rows, with the AVX-512 path fetching `bytes` ahead of each block it reads
     /// (streams from memory that the hardware prefetcher does not run far enough ahead of),
-    /// when the rows' blocks lie side by side (the card's row groups); other layouts leave it
-    /// to the hardware.
+    /// when the rows' blocks lie side by side (the card's row groups) or the rows one after
+    /// another (a row-major matrix); other layouts leave it to the hardware.
     pub fn with_prefetch(mut self, bytes: usize) -> Self {
         self.prefetch = bytes;
         self
@@ -167,11 +167,22 @@ impl<'a, const R: usize> BlockRows<'a, R> {
         self.format
     }
 
-    /// Whether the rows' blocks lie side by side (row `r`'s block `b` right after row
-    /// `r - 1`'s), so one run of cache lines covers a block of every row.
-    pub(super) fn adjacent(&self) -> bool {
+    /// Where one run of cache lines covers block `b` of every row, the bytes from block `b`'s
+    /// run to block `b + 1`'s, in the data and in the scales: rows whose blocks lie side by side
+    /// (row `r`'s block `b` right after row `r - 1`'s: the card's row groups) step by the block
+    /// stride; consecutive rows stored one after another (a row-major matrix) are one stream
+    /// that the register block walks `R` blocks at a time (`blocks`: the whole blocks of a
+    /// row). `None` for other layouts.
+    pub(super) fn prefetch_steps(&self, blocks: usize) -> Option<(usize, usize)> {
         let bb = self.format.block_bytes();
-        self.data_strides.row == bb && self.data_strides.block >= R * bb
+        let (data, scales) = (self.data_strides, self.scale_strides);
+        if data.row == bb && data.block >= R * bb {
+            Some((data.block, scales.block))
+        } else if data.block == bb && data.row <= (blocks + 1) * bb {
+            Some((R * bb, R))
+        } else {
+            None
+        }
     }
 
     /// Checks that every row holds blocks `0..end` (and the first half of block `end`).
