@@ -8,6 +8,7 @@
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use corsair_ffn::assignment::{ExpertReplica, LayerShare};
 use corsair_ffn::service::{CardHost, CardHostConfig, CpuTurns, DataPlane, model_fingerprint};
@@ -22,9 +23,10 @@ use jetstream::{ClusterCa, InprocFabric, NodeIdentity, QuicConfig, QuicTransport
 use model::config::FfnKind;
 use model::weights::{ExpertFilter, LoadOptions};
 use model::{ModelConfig, ModelWeights};
-use proto::control::{LoadShardReply, LoadShardRequest, RegionDescriptor};
+use proto::control::{HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor};
 
 use crate::error::{Error, Result};
+use crate::watch::{HeartbeatError, WatchConfig, WatchedCard, watch_cards};
 
 /// Worker threads of the runtime that drives every JetStream endpoint of the process (QUIC
 /// packets, TLS, landing writes). Loopback traffic needs one; a second mostly adds hand-offs
@@ -82,6 +84,8 @@ pub struct ClusterConfig {
     pub card_cpu_mask: u64,
     /// The cards' hardware profile.
     pub profile: HardwareProfile,
+    /// How each attention node watches its cards (heartbeats).
+    pub watch: WatchConfig,
 }
 
 impl ClusterConfig {
@@ -99,14 +103,18 @@ impl ClusterConfig {
             card_threads: 1,
             card_cpu_mask: 0,
             profile: HardwareProfile::default(),
+            watch: WatchConfig::default(),
         }
     }
 }
 
-/// Loading a shard on one card, however the card is reached.
+/// A card's control plane, however the card is reached.
 pub trait CardControl: Send + Sync {
     /// Asks the card to load (or attach to) its shard.
     fn load_shard(&self, request: LoadShardRequest) -> Result<LoadShardReply>;
+
+    /// Asks the card how it is, waiting at most `timeout`.
+    fn health(&self, timeout: Duration) -> std::result::Result<HealthReply, HeartbeatError>;
 }
 
 impl CardControl for CardHost {
@@ -115,6 +123,10 @@ impl CardControl for CardHost {
             card: request.card_index as usize,
             message: e.to_string(),
         })
+    }
+
+    fn health(&self, _timeout: Duration) -> std::result::Result<HealthReply, HeartbeatError> {
+        Ok(CardHost::health(self))
     }
 }
 
@@ -169,7 +181,8 @@ pub enum NodeTransport {
 }
 
 /// Connects one attention node to every card: registers its reply region, asks each card to
-/// load its shard (the first node) or attach (the others), and builds the node.
+/// load its shard (the first node) or attach (the others), builds the node, and starts
+/// watching the cards for it ([`crate::watch`]).
 #[allow(clippy::too_many_arguments)]
 pub fn connect_node(
     config: &ClusterConfig,
@@ -177,7 +190,7 @@ pub fn connect_node(
     attention_weights: &ModelWeights,
     fingerprint: &str,
     assignments: &[CardAssignment],
-    cards: &[&dyn CardControl],
+    cards: &[Arc<dyn CardControl>],
     transport: NodeTransport,
     runtime: tokio::runtime::Handle,
 ) -> Result<DisaggregatedNode> {
@@ -195,6 +208,7 @@ pub fn connect_node(
         None => String::new(),
     };
     let mut inboxes = Vec::with_capacity(cards.len());
+    let mut watched = Vec::with_capacity(cards.len());
     for (i, (card, assignment)) in cards.iter().zip(assignments).enumerate() {
         let request = LoadShardRequest {
             model_path: config.model.display().to_string(),
@@ -222,7 +236,7 @@ pub fn connect_node(
             inbox_slot_bytes: sizes.inbox as u64,
             reply_slot_bytes: sizes.reply as u64,
         };
-        let answer = card.load_shard(request)?;
+        let answer = card.load_shard(request.clone())?;
         let inbox = answer.inbox.ok_or_else(|| Error::Card {
             card: i,
             message: "the card returned no inbox".into(),
@@ -241,15 +255,21 @@ pub fn connect_node(
             len: inbox.len,
             key: inbox.key,
         });
+        watched.push(WatchedCard {
+            control: card.clone(),
+            request,
+        });
     }
     fabric.set_inboxes(inboxes);
-    DisaggregatedNode::new(
+    let node = DisaggregatedNode::new(
         attention_weights,
         layout,
         Box::new(fabric),
         config.node.clone(),
     )
-    .map_err(|e| Error::Config(e.to_string()))
+    .map_err(|e| Error::Config(e.to_string()))?;
+    watch_cards(&node.board(), watched, quic.as_ref(), config.watch)?;
+    Ok(node)
 }
 
 /// JetStream name of card `i`.
@@ -376,14 +396,14 @@ impl EmbeddedCluster {
                     NodeTransport::Inproc(Arc::new(inproc.endpoint(&attention_name(j))?))
                 }
             };
-            let controls: Vec<&dyn CardControl> = cards
+            let controls: Vec<Arc<dyn CardControl>> = cards
                 .iter()
                 .enumerate()
                 .map(|(i, c)| {
                     if j == 0 {
                         progress(StartEvent::LoadingCard(i, config.cards));
                     }
-                    c.as_ref() as &dyn CardControl
+                    c.clone() as Arc<dyn CardControl>
                 })
                 .collect();
             nodes.push(connect_node(

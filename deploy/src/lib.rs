@@ -16,5 +16,6 @@ pub mod plan;
 pub mod process;
 pub mod remote;
 pub mod shutdown;
+pub mod watch;
 
 pub use error::{Error, Result};

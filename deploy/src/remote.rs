@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use corsair_ffn::{PlacementOptions, plan_placement};
 use gpu_attention::DisaggregatedNode;
@@ -10,12 +11,13 @@ use jetstream::{NodeIdentity, QuicConfig, QuicTransport};
 use model::ModelConfig;
 use model::weights::{ExpertFilter, LoadOptions};
 use proto::control::card_client::CardClient;
-use proto::control::{LoadShardReply, LoadShardRequest};
+use proto::control::{HealthReply, HealthRequest, LoadShardReply, LoadShardRequest};
 
 use crate::cluster::{
     CardControl, ClusterConfig, NodeTransport, attention_name, connect_node, fingerprint,
 };
 use crate::error::{Error, Result};
+use crate::watch::HeartbeatError;
 
 /// A card process, reached over gRPC.
 pub struct GrpcCard {
@@ -79,6 +81,29 @@ impl CardControl for GrpcCard {
                 message: s.message().to_owned(),
             })
     }
+
+    fn health(&self, timeout: Duration) -> std::result::Result<HealthReply, HeartbeatError> {
+        let mut client = self.client.clone();
+        let answer = self.runtime.block_on(async move {
+            tokio::time::timeout(timeout, client.health(HealthRequest {})).await
+        });
+        match answer {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            // The channel could not connect or lost the connection: nothing listens there.
+            Ok(Err(status)) if status.code() == tonic::Code::Unavailable => Err(
+                HeartbeatError::Unreachable(format!("{}: {}", self.address, status.message())),
+            ),
+            Ok(Err(status)) => Err(HeartbeatError::TimedOut(format!(
+                "{}: {}",
+                self.address,
+                status.message()
+            ))),
+            Err(_) => Err(HeartbeatError::TimedOut(format!(
+                "{} did not answer within {timeout:?}",
+                self.address
+            ))),
+        }
+    }
 }
 
 /// Connects attention node `id` (JetStream name `attn-<id>`, identity from `certs`) to the
@@ -102,10 +127,13 @@ pub fn connect_remote_node(
         },
     )
     .map_err(|e| Error::Config(e.to_string()))?;
-    let cards: Vec<GrpcCard> = card_addresses
+    let cards: Vec<Arc<dyn CardControl>> = card_addresses
         .iter()
         .enumerate()
-        .map(|(i, a)| GrpcCard::connect(i, a, runtime.handle().clone()))
+        .map(|(i, a)| {
+            GrpcCard::connect(i, a, runtime.handle().clone())
+                .map(|c| Arc::new(c) as Arc<dyn CardControl>)
+        })
         .collect::<Result<_>>()?;
     let identity = NodeIdentity::read_pem(certs, &attention_name(id))?;
     let transport = {
@@ -118,14 +146,13 @@ pub fn connect_remote_node(
             experts: ExpertFilter::None,
         },
     )?;
-    let controls: Vec<&dyn CardControl> = cards.iter().map(|c| c as &dyn CardControl).collect();
     connect_node(
         config,
         &model,
         &weights,
         &print,
         &assignments,
-        &controls,
+        &cards,
         NodeTransport::Quic(transport),
         runtime.handle().clone(),
     )

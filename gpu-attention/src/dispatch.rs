@@ -43,6 +43,19 @@ pub enum PlacementError {
         /// Experts per layer.
         experts: usize,
     },
+    /// Every card holding an expert is down.
+    #[error(
+        "expert {expert} of layer {layer} is held only by card(s) {cards:?}, which are down, and no \
+         live card has a replica (add replicas under [cards] replicas to survive this)"
+    )]
+    Uncovered {
+        /// Layer.
+        layer: usize,
+        /// Expert.
+        expert: usize,
+        /// The cards that hold it, all down.
+        cards: Vec<usize>,
+    },
 }
 
 impl ExpertPlacement {
@@ -92,6 +105,38 @@ impl ExpertPlacement {
     /// Number of cards.
     pub fn cards(&self) -> usize {
         self.cards
+    }
+
+    /// The same placement with the cards in `down` gone: each expert is served by its live
+    /// holders only (the replica key then picks among those). Fails when an expert of a MoE
+    /// layer would be left without a holder.
+    pub fn without(&self, down: &[usize]) -> Result<Self, PlacementError> {
+        let mut holders = self.holders.clone();
+        for (layer, per_expert) in holders.iter_mut().enumerate() {
+            for (expert, cards) in per_expert.iter_mut().enumerate() {
+                if cards.is_empty() {
+                    continue;
+                }
+                let all = cards.clone();
+                cards.retain(|c| !down.contains(c));
+                if cards.is_empty() {
+                    return Err(PlacementError::Uncovered {
+                        layer,
+                        expert,
+                        cards: all,
+                    });
+                }
+            }
+        }
+        Ok(ExpertPlacement {
+            holders,
+            cards: self.cards,
+        })
+    }
+
+    /// Whether every expert keeps a holder when `card` alone is lost.
+    pub fn survives_loss_of(&self, card: usize) -> bool {
+        self.without(&[card]).is_ok()
     }
 
     /// The card that serves `expert` of `layer` for a row with replica key `key`.
@@ -257,6 +302,55 @@ mod tests {
                 prop_assert!((out[t] - expect).abs() < 1e-5);
             }
         }
+    }
+
+    proptest! {
+        /// Without a set of down cards, no plan sends a row to a down card; it fails exactly
+        /// when some expert has no live holder; and with nothing down it is the same placement.
+        #[test]
+        fn plans_without_down_cards_avoid_them(
+            tokens in 1usize..10, experts in 2usize..9, cards in 2usize..5, down_mask in 0u8..16,
+            replicas in any::<bool>(), seed in any::<u64>(),
+        ) {
+            let cards = cards.min(experts);
+            let p = placement(experts, cards, replicas);
+            prop_assert_eq!(&p.without(&[]).unwrap(), &p);
+            let down: Vec<usize> = (0..cards).filter(|c| down_mask & (1 << c) != 0).collect();
+            let orphaned = (0..experts).any(|e| p.holders[0][e].iter().all(|c| down.contains(c)));
+            match p.without(&down) {
+                Err(PlacementError::Uncovered { expert, cards: held, .. }) => {
+                    prop_assert!(orphaned);
+                    prop_assert!(held.iter().all(|c| down.contains(c)));
+                    prop_assert_eq!(&held, &p.holders[0][expert]);
+                }
+                Err(other) => prop_assert!(false, "unexpected {}", other),
+                Ok(live) => {
+                    prop_assert!(!orphaned);
+                    let ids: Vec<u32> = (0..tokens).map(|t| ((seed >> (t % 60)) as usize % experts) as u32).collect();
+                    let routing = Routing { top_k: 1, experts: ids, weights: vec![1.0; tokens] };
+                    let keys: Vec<u64> = (0..tokens as u64).collect();
+                    let plan = plan_dispatch(&routing, 0, &live, &keys);
+                    prop_assert!(plan.cards.iter().all(|c| !down.contains(&c.card)));
+                    for d in &down {
+                        prop_assert_eq!(p.survives_loss_of(*d), p.without(&[*d]).is_ok());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_replica_survives_either_card_and_a_plain_split_neither() {
+        let both: Vec<Vec<Vec<u32>>> = (0..2).map(|_| vec![(0..4).collect()]).collect();
+        let p = ExpertPlacement::new(1, 4, &[true], &both).unwrap();
+        assert!(p.survives_loss_of(0) && p.survives_loss_of(1));
+        let split = placement(4, 2, false);
+        assert!(!split.survives_loss_of(0) && !split.survives_loss_of(1));
+        let err = split.without(&[1]).unwrap_err().to_string();
+        assert!(
+            err.contains("expert 2 of layer 0") && err.contains("[1]"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -48,6 +48,12 @@ pub trait CardFabric: Send {
 
     /// Bytes sent and received so far.
     fn traffic(&self) -> (u64, u64);
+
+    /// Card `card` came back with a new inbox: later messages go there, and the failures of
+    /// writes to its old one are forgotten. Fabrics whose cards cannot come back ignore it.
+    fn replace_inbox(&mut self, card: usize, inbox: RegionDescriptor) {
+        let _ = (card, inbox);
+    }
 }
 
 /// Sizes of inbox and reply slots.
@@ -169,7 +175,7 @@ impl CardFabric for JetstreamFabric {
             .get(card)
             .ok_or_else(|| card_error("no inbox: the card has not loaded its shard".into()))?;
         if message.len() > self.sizes.inbox {
-            return Err(card_error(format!(
+            return Err(StepError::Invalid(format!(
                 "a {}-byte message does not fit the {}-byte inbox slot (raise max_tokens)",
                 message.len(),
                 self.sizes.inbox
@@ -238,5 +244,12 @@ impl CardFabric for JetstreamFabric {
 
     fn traffic(&self) -> (u64, u64) {
         (self.bytes_sent, self.bytes_received)
+    }
+
+    fn replace_inbox(&mut self, card: usize, inbox: RegionDescriptor) {
+        if let Some(slot) = self.inboxes.get_mut(card) {
+            *slot = inbox;
+            self.pending[card].clear();
+        }
     }
 }

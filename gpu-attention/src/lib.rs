@@ -7,6 +7,7 @@
 //!
 //! Must not: depend on `corsair-ffn`; it knows the cards only through `proto` and `jetstream`.
 
+pub mod cards;
 pub mod device;
 pub mod dispatch;
 pub mod driver;

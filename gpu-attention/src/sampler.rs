@@ -21,6 +21,11 @@ impl TokenHistory {
         self.prompt_len = prompt_len;
     }
 
+    /// Keeps the first `len` tokens (forgetting a failed step's).
+    pub fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+    }
+
     /// Number of tokens so far.
     pub fn len(&self) -> usize {
         self.tokens.len()

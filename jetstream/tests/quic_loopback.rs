@@ -195,3 +195,46 @@ async fn a_restarted_peer_is_dialled_again() {
     outcome.unwrap();
     assert_eq!(inbox.next_completion().await.unwrap().peer.as_ref(), "attn");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_peer_moves_writes_off_a_connection_that_still_looks_alive() {
+    let ca = jetstream::ClusterCa::generate().unwrap();
+    let card_identity = ca.issue("card-0").unwrap();
+    let bind_card = || {
+        jetstream::QuicTransport::bind(jetstream::QuicConfig::new(card_identity.clone(), LOOPBACK))
+            .unwrap()
+    };
+    let attn = jetstream::QuicTransport::bind(jetstream::QuicConfig::new(
+        ca.issue("attn").unwrap(),
+        LOOPBACK,
+    ))
+    .unwrap();
+    // The old card stays bound (as a stalled or killed process's connection stays open until
+    // the idle timeout); a new one of the same name takes over elsewhere.
+    let old = bind_card();
+    attn.add_peer("card-0", old.local_addr().unwrap());
+    let old_inbox = old.register(RegionConfig::new(64).grant("attn")).unwrap();
+    attn.write(WriteRequest::new(
+        &old_inbox.descriptor(),
+        0,
+        pattern(64, 1),
+    ))
+    .await
+    .unwrap();
+    let new = bind_card();
+    let inbox = new.register(RegionConfig::new(64).grant("attn")).unwrap();
+    attn.add_peer("card-0", new.local_addr().unwrap());
+    // Without a reset the open connection is still the write path: the new card's region is
+    // unknown there.
+    let stale = attn
+        .write(WriteRequest::new(&inbox.descriptor(), 0, pattern(64, 2)))
+        .await;
+    assert!(stale.is_err(), "{stale:?}");
+    attn.reset_peer("card-0");
+    assert!(attn.connected_peers().is_empty());
+    attn.write(WriteRequest::new(&inbox.descriptor(), 0, pattern(64, 3)))
+        .await
+        .unwrap();
+    let done = inbox.next_completion().await.unwrap();
+    assert_eq!(done.peer.as_ref(), "attn");
+}

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use step::{AttentionNode, KvCapacity};
+use step::{AttentionNode, HealthSource, KvCapacity, NodeHealth};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::config::RouterConfig;
@@ -32,7 +32,19 @@ struct NodeHandle {
     commands: Sender<Command>,
     shared: Arc<NodeShared>,
     kv: KvCapacity,
+    /// The node's view of its cards, when it has cards.
+    health: Option<Arc<dyn HealthSource>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl NodeHandle {
+    /// Why the node cannot take new requests now, if it cannot.
+    fn unserved(&self) -> Option<String> {
+        if !self.shared.alive.load(Ordering::Acquire) {
+            return Some("its engine loop has stopped".into());
+        }
+        self.health.as_ref().and_then(|h| h.health().unserved)
+    }
 }
 
 /// Continuous batching over one or more attention nodes (one engine thread each).
@@ -62,6 +74,7 @@ impl Router {
         let mut handles = Vec::with_capacity(nodes.len());
         for (index, node) in nodes.into_iter().enumerate() {
             let kv = node.kv_capacity();
+            let health = node.health_source();
             let scheduler = Scheduler::new(config.scheduler.clone(), kv.block_size, kv.num_blocks)
                 .map_err(|e| Error::Config(format!("attention node {index}: {e}")))?;
             let shared = Arc::new(NodeShared::new(Arc::clone(&not_started_total)));
@@ -75,6 +88,7 @@ impl Router {
                 commands: tx,
                 shared,
                 kv,
+                health,
                 thread: Mutex::new(Some(thread)),
             });
         }
@@ -101,8 +115,9 @@ impl Router {
         self.nodes.iter().map(|n| n.kv).collect()
     }
 
-    /// Admits a request and starts it on the least-loaded node. Fails at once with
-    /// [`Error::QueueFull`] when `max_waiting` requests are already waiting.
+    /// Admits a request and starts it on the least-loaded node that can serve. Fails at once
+    /// with [`Error::QueueFull`] when `max_waiting` requests are already waiting, and with
+    /// [`Error::CardsDown`] when no node can serve because cards they need are down.
     pub fn submit(&self, request: GenerationRequest) -> Result<RequestStream, Error> {
         let mut streams = self.submit_all(vec![request])?;
         streams.pop().ok_or(Error::NoNodes)
@@ -155,19 +170,24 @@ impl Router {
         Ok(streams)
     }
 
-    /// Sends one admitted sequence (its waiting slot already taken) to the least-loaded node.
+    /// Sends one admitted sequence (its waiting slot already taken) to the least-loaded node
+    /// that can serve.
     fn place(&self, request: GenerationRequest) -> Result<RequestStream, Error> {
-        let Some((index, node)) = self
+        let mut refusals = Vec::new();
+        let candidate = self
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| n.shared.alive.load(Ordering::Acquire))
-            .min_by_key(|(_, n)| n.shared.load.load(Ordering::Acquire))
-        else {
-            return Err(Error::NodeDown {
-                node: 0,
-                message: "every engine loop has stopped".into(),
-            });
+            .filter(|(i, n)| match n.unserved() {
+                None => true,
+                Some(why) => {
+                    refusals.push((*i, why));
+                    false
+                }
+            })
+            .min_by_key(|(_, n)| n.shared.load.load(Ordering::Acquire));
+        let Some((index, node)) = candidate else {
+            return Err(self.refusal(refusals));
         };
         node.shared.load.fetch_add(1, Ordering::AcqRel);
         node.shared.not_started.fetch_add(1, Ordering::AcqRel);
@@ -199,6 +219,38 @@ impl Router {
         })
     }
 
+    /// The error for a request no node can take.
+    fn refusal(&self, refusals: Vec<(usize, String)>) -> Error {
+        let stopped = |(_, n): &(usize, &NodeHandle)| !n.shared.alive.load(Ordering::Acquire);
+        if self.nodes.iter().enumerate().all(|n| stopped(&n)) {
+            return Error::NodeDown {
+                node: 0,
+                message: "every engine loop has stopped".into(),
+            };
+        }
+        let reasons: Vec<String> = refusals
+            .into_iter()
+            .map(|(i, why)| {
+                if self.nodes.len() == 1 {
+                    why
+                } else {
+                    format!("attention node {i}: {why}")
+                }
+            })
+            .collect();
+        Error::CardsDown {
+            message: format!("no attention node can serve now: {}", reasons.join("; ")),
+        }
+    }
+
+    /// Each node's view of its cards (`None` for a node without cards).
+    pub fn card_health(&self) -> Vec<Option<NodeHealth>> {
+        self.nodes
+            .iter()
+            .map(|n| n.health.as_ref().map(|h| h.health()))
+            .collect()
+    }
+
     /// Gauges and counters of every node.
     pub fn stats(&self) -> RouterStats {
         RouterStats {
@@ -206,10 +258,16 @@ impl Router {
         }
     }
 
-    /// Whether every node's engine runs and its last step succeeded.
+    /// Whether every node's engine runs and the node can serve: for a node with cards, no card
+    /// it needs is down uncovered (its state, not its last step, decides, so the server is
+    /// healthy again as soon as the card is back); for others, its last step succeeded.
     pub fn is_healthy(&self) -> bool {
         self.nodes.iter().all(|n| {
-            n.shared.alive.load(Ordering::Acquire) && n.shared.healthy.load(Ordering::Acquire)
+            n.shared.alive.load(Ordering::Acquire)
+                && match &n.health {
+                    Some(h) => h.health().unserved.is_none(),
+                    None => n.shared.healthy.load(Ordering::Acquire),
+                }
         })
     }
 }

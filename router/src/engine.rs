@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use step::AttentionNode;
+use step::{AttentionNode, StepError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::GenerationError;
@@ -275,9 +275,20 @@ impl Engine {
             Err(e) => {
                 tracing::error!(node = self.index, error = %e, "step failed");
                 self.shared.healthy.store(false, Ordering::Release);
-                let message = e.to_string();
+                let error = match e {
+                    StepError::Card { .. }
+                    | StepError::NoReply { .. }
+                    | StepError::Unavailable(_) => GenerationError::Unavailable {
+                        node: self.index,
+                        message: e.to_string(),
+                    },
+                    StepError::Invalid(_) | StepError::Model(_) => GenerationError::Step {
+                        node: self.index,
+                        message: e.to_string(),
+                    },
+                };
                 for id in self.scheduler.fail_step(&out) {
-                    self.fail(id, &message);
+                    self.fail_with(id, error.clone());
                 }
             }
         }
@@ -285,13 +296,20 @@ impl Engine {
     }
 
     fn fail(&mut self, id: RequestId, message: &str) {
+        self.fail_with(
+            id,
+            GenerationError::Step {
+                node: self.index,
+                message: message.to_string(),
+            },
+        );
+    }
+
+    fn fail_with(&mut self, id: RequestId, error: GenerationError) {
         self.scheduler.abort(id);
         if let Some(tx) = self.senders.remove(&id) {
             self.shared.load.fetch_sub(1, Ordering::AcqRel);
-            let _ = tx.send(Err(GenerationError::Step {
-                node: self.index,
-                message: message.to_string(),
-            }));
+            let _ = tx.send(Err(error));
         }
     }
 

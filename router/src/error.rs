@@ -39,6 +39,12 @@ pub enum Error {
         /// The limit (`max_waiting`).
         limit: usize,
     },
+    /// No attention node can serve now: a card they need is down and nothing covers it.
+    #[error("{message}")]
+    CardsDown {
+        /// Why, naming the card (from the node's health).
+        message: String,
+    },
     /// The engine of the chosen node has stopped.
     #[error("attention node {node} is not running: {message}")]
     NodeDown {
@@ -58,6 +64,15 @@ pub enum GenerationError {
         /// The node's index.
         node: usize,
         /// The node's error.
+        message: String,
+    },
+    /// The node could not finish the step for want of a card (down, stalled, unreachable):
+    /// the request may succeed once the card is back or covered.
+    #[error("attention node {node} could not finish a step: {message}")]
+    Unavailable {
+        /// The node's index.
+        node: usize,
+        /// The node's error, naming the card.
         message: String,
     },
     /// The router is shutting down.

@@ -182,9 +182,9 @@ impl From<router::Error> for ApiError {
             router::Error::InvalidRequest(_) | router::Error::TooManySequences { .. } => {
                 ApiError::bad_request(e.to_string())
             }
-            router::Error::NodeDown { .. } | router::Error::NoNodes => {
-                ApiError::Unavailable(e.to_string())
-            }
+            router::Error::NodeDown { .. }
+            | router::Error::NoNodes
+            | router::Error::CardsDown { .. } => ApiError::Unavailable(e.to_string()),
             router::Error::Config(_) => ApiError::Internal(e.to_string()),
         }
     }
@@ -193,7 +193,9 @@ impl From<router::Error> for ApiError {
 impl From<router::GenerationError> for ApiError {
     fn from(e: router::GenerationError) -> Self {
         match e {
-            router::GenerationError::Shutdown => ApiError::Unavailable(e.to_string()),
+            router::GenerationError::Shutdown | router::GenerationError::Unavailable { .. } => {
+                ApiError::Unavailable(e.to_string())
+            }
             router::GenerationError::Step { .. } => ApiError::Internal(e.to_string()),
         }
     }

@@ -11,17 +11,20 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// 200 with an empty body while every attention node is healthy, else 503.
+/// 200 while every attention node can serve (empty, or naming the cards that are down and
+/// covered by replicas), else 503 with the error envelope and the cards that are down.
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.router.is_healthy() {
-        StatusCode::OK.into_response()
+        match crate::cards::degraded_body(&state.router) {
+            None => StatusCode::OK.into_response(),
+            Some(body) => (StatusCode::OK, Json(body)).into_response(),
+        }
     } else {
-        ApiError::Unavailable(
-            "unhealthy: an attention node's engine stopped or its last step failed; see the \
-             server log"
-                .into(),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(crate::cards::unhealthy_body(&state.router)),
         )
-        .into_response()
+            .into_response()
     }
 }
 
@@ -29,6 +32,7 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let stats = state.router.stats();
     let afd = state.afd_stats.as_ref().map(|s| s.snapshot());
+    crate::cards::record(&state.metrics, &state.router);
     let text = state.metrics.render(&stats, afd.as_ref(), state.block_size);
     (
         [(

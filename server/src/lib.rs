@@ -18,6 +18,7 @@
 //! error the server answers carries, hyper's own included ([`http`]: the accept loop,
 //! connection bounds, header and body timeouts).
 
+pub mod cards;
 pub mod chat;
 pub mod chat_template;
 pub mod completions;

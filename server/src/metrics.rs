@@ -231,6 +231,10 @@ impl Metrics {
                 "afd_card_modeled_seconds",
                 "Modeled busy time of each card so far.",
             ),
+            (
+                "afd_card_up",
+                "1 while the card is up, 0 while it is down or rejoining (per attention node).",
+            ),
         ] {
             recorder.describe_gauge(name.into(), None, help.into());
         }
@@ -254,6 +258,14 @@ impl Metrics {
             (
                 "afd_request_errors_total",
                 "Requests answered with an error, by type.",
+            ),
+            (
+                "afd_card_failures_total",
+                "Times the card went down, as an attention node saw it.",
+            ),
+            (
+                "afd_card_rejoins_total",
+                "Times the card came back and its shard was loaded again.",
             ),
         ] {
             recorder.describe_counter(name.into(), None, help.into());
@@ -345,6 +357,17 @@ impl Metrics {
             &[("type", error_type.to_string())],
         )
         .increment(1);
+    }
+
+    /// Records card `card`'s state as attention node `node` sees it.
+    pub fn card(&self, node: usize, card: usize, up: bool, failures: u64, rejoins: u64) {
+        let labels = [("node", node.to_string()), ("card", card.to_string())];
+        self.gauge("afd_card_up", &labels)
+            .set(if up { 1.0 } else { 0.0 });
+        self.counter("afd_card_failures_total", &labels)
+            .absolute(failures);
+        self.counter("afd_card_rejoins_total", &labels)
+            .absolute(rejoins);
     }
 
     /// The Prometheus text, with the engines' gauges and counters read from `stats` and the

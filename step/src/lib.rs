@@ -16,6 +16,9 @@
 //! and returns one sampled token (with logprobs) per sequence that asked for one.
 
 pub mod compute;
+pub mod health;
+
+pub use health::{CardHealth, CardState, HealthSource, NodeHealth};
 
 use model::sampling::SamplingParams;
 
@@ -170,4 +173,10 @@ pub trait AttentionNode: Send {
 
     /// Forgets sequences (finished, cancelled or preempted); their blocks are the router's again.
     fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError>;
+
+    /// A handle on the node's view of its cards, for the router to read between steps from
+    /// other threads; `None` for a node without cards (nothing can go down under it).
+    fn health_source(&self) -> Option<std::sync::Arc<dyn HealthSource>> {
+        None
+    }
 }

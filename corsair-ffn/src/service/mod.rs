@@ -12,6 +12,8 @@ mod worker;
 
 pub use cpu_turns::CpuTurns;
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -99,6 +101,12 @@ pub(crate) struct Shard {
     pub summary: String,
 }
 
+/// The worker serving one attention node's inbox.
+struct WorkerHandle {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
 /// One simulated card process (or thread): its transport, its shard, its workers.
 pub struct CardHost {
     config: CardHostConfig,
@@ -106,8 +114,12 @@ pub struct CardHost {
     transport: Arc<dyn Transport>,
     runtime: tokio::runtime::Handle,
     shard: Mutex<Option<Arc<Shard>>>,
-    workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    stop: Arc<AtomicBool>,
+    /// One worker per attention node served, by the node's JetStream name.
+    workers: Mutex<HashMap<String, WorkerHandle>>,
+    /// Workers replaced by a node that attached again, still finishing.
+    retired: Mutex<Vec<WorkerHandle>>,
+    /// Random per host: tells a restarted card from one that only stalled.
+    incarnation: u64,
 }
 
 impl std::fmt::Debug for CardHost {
@@ -136,9 +148,17 @@ impl CardHost {
             plane,
             runtime,
             shard: Mutex::new(None),
-            workers: Mutex::new(Vec::new()),
-            stop: Arc::new(AtomicBool::new(false)),
+            workers: Mutex::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
+            incarnation: std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish(),
         }
+    }
+
+    /// This host's incarnation (random, fixed for its life).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     /// The card's JetStream node name.
@@ -151,7 +171,9 @@ impl CardHost {
     }
 
     /// Loads this card's shard (or attaches another attention node to the loaded one) and
-    /// starts serving that node's inbox. Blocks while compiling and loading.
+    /// starts serving that node's inbox. A node that was attached already (it lost the card for
+    /// a while and came back to it) gets a fresh inbox, and its old worker stops. Blocks while
+    /// compiling and loading.
     pub fn load_shard(&self, req: &LoadShardRequest) -> Result<LoadShardReply, ServiceError> {
         let me = self.config.index;
         if req.card_index as usize != me {
@@ -319,6 +341,7 @@ impl CardHost {
             .cpu_turns
             .as_ref()
             .map(|t| t.join(inbox.probe()));
+        let stop = Arc::new(AtomicBool::new(false));
         let worker = worker::Worker {
             card_index: self.config.index,
             shard,
@@ -332,7 +355,7 @@ impl CardHost {
             reply_slot: req.reply_slot_bytes as usize,
             transport: self.transport.clone(),
             runtime: self.runtime.clone(),
-            stop: self.stop.clone(),
+            stop: stop.clone(),
             turns,
         };
         let name = format!("card-{}-worker", self.config.index);
@@ -344,10 +367,28 @@ impl CardHost {
                 worker.run()
             })
             .map_err(|e| ServiceError::Invalid(format!("cannot start a worker thread: {e}")))?;
-        self.workers
+        let previous = self
+            .workers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(handle);
+            .insert(
+                req.attention_node.clone(),
+                WorkerHandle {
+                    stop,
+                    thread: handle,
+                },
+            );
+        if let Some(old) = previous {
+            tracing::info!(
+                card = self.config.index,
+                "{} attached again: its previous inbox is retired",
+                req.attention_node
+            );
+            old.stop.store(true, Ordering::SeqCst);
+            let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+            retired.retain(|w| !w.thread.is_finished());
+            retired.push(old);
+        }
         let program = self.loaded().map(|s| s.summary.clone());
         Ok(LoadShardReply {
             inbox: Some(RegionDescriptor {
@@ -359,6 +400,7 @@ impl CardHost {
             card_node: self.transport.node().to_owned(),
             card_data_addr: self.data_addr().unwrap_or_default(),
             program_summary: program.unwrap_or_default(),
+            incarnation: self.incarnation,
         })
     }
 
@@ -376,19 +418,36 @@ impl CardHost {
             .map(|a| a.to_string())
     }
 
-    /// Whether a shard is loaded, and which.
+    /// Whether a shard is loaded, and which; the attention nodes served now.
     pub fn health(&self) -> HealthReply {
-        match self.loaded() {
-            Some(s) => HealthReply {
-                ready: true,
-                status: format!("serving card {}", self.config.index),
-                model_fingerprint: s.fingerprint.clone(),
-            },
-            None => HealthReply {
-                ready: false,
-                status: format!("card {} is waiting for a shard", self.config.index),
-                model_fingerprint: String::new(),
-            },
+        let mut attached: Vec<String> = self
+            .workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, w)| !w.thread.is_finished())
+            .map(|(node, _)| node.clone())
+            .collect();
+        attached.sort();
+        let (ready, status, model_fingerprint) = match self.loaded() {
+            Some(s) => (
+                true,
+                format!("serving card {}", self.config.index),
+                s.fingerprint.clone(),
+            ),
+            None => (
+                false,
+                format!("card {} is waiting for a shard", self.config.index),
+                String::new(),
+            ),
+        };
+        HealthReply {
+            ready,
+            status,
+            model_fingerprint,
+            incarnation: self.incarnation,
+            attached,
+            ..HealthReply::default()
         }
     }
 
@@ -425,19 +484,29 @@ impl CardHost {
         }
     }
 
+    fn take_workers(&self) -> Vec<WorkerHandle> {
+        let mut all: Vec<WorkerHandle> =
+            std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()))
+                .into_values()
+                .collect();
+        all.append(&mut self.retired.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in &all {
+            w.stop.store(true, Ordering::SeqCst);
+        }
+        all
+    }
+
     /// Stops the workers (they finish the message in hand).
     pub fn shutdown(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
-        for w in workers {
-            let _ = w.join();
+        for w in self.take_workers() {
+            let _ = w.thread.join();
         }
     }
 }
 
 impl Drop for CardHost {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.take_workers();
     }
 }
 

@@ -115,12 +115,44 @@ pub struct Plan {
     pub attention: AttentionMemory,
     /// Every card's memory.
     pub per_card: Vec<CardMemory>,
+    /// Whether the deployment keeps serving when each card alone is lost (one entry per
+    /// card; empty without cards).
+    #[serde(default)]
+    pub card_losses: Vec<CardLoss>,
     /// Predictions (absent when a card's share does not compile).
     pub predicted: Option<Predicted>,
     /// Profile keys fitted on seed figures (`profile: key`).
     pub calibrated: Vec<String>,
     /// Profile keys that are assumptions (`profile: key`).
     pub assumed: Vec<String>,
+}
+
+/// What losing one card does to a deployment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CardLoss {
+    /// The card.
+    pub card: usize,
+    /// Whether the others (replicas; the attention node for the LM-head rows) cover it.
+    pub survived: bool,
+    /// Why not, when not.
+    pub reason: Option<String>,
+}
+
+/// For each card, whether a node keeps serving without it under `placement`.
+pub fn card_losses(config: &ModelConfig, placement: &PlacementOptions) -> Result<Vec<CardLoss>> {
+    let assignments = corsair_ffn::plan_placement(config, placement)
+        .map_err(|e| Error::Config(format!("placing the model on the cards: {e}")))?;
+    let layout = crate::cluster::card_layout(config, &assignments)?;
+    Ok((0..placement.cards)
+        .map(|card| {
+            let outcome = layout.coverage(&[card]);
+            CardLoss {
+                card,
+                survived: outcome.is_ok(),
+                reason: outcome.err().map(|(_, why)| why),
+            }
+        })
+        .collect())
 }
 
 /// Plans `deployment` for the model `config` (stored formats `stored`) with `profiles`.
@@ -186,8 +218,8 @@ pub fn plan(
     }
 
     // The cards.
-    let (per_card, card_set) = if whole_model {
-        (Vec::new(), None)
+    let (per_card, card_set, losses) = if whole_model {
+        (Vec::new(), None, Vec::new())
     } else {
         let options = CompileOptions {
             format: d.model.format,
@@ -209,6 +241,7 @@ pub fn plan(
         };
         let compiled = compile_deployment(config, stored, &placement, &options, &profiles.card)
             .map_err(|e| Error::Config(format!("placing the model on the cards: {e}")))?;
+        let losses = card_losses(config, &placement)?;
         let mut per_card = Vec::new();
         let mut programs = Vec::new();
         for (i, c) in compiled.into_iter().enumerate() {
@@ -228,7 +261,7 @@ pub fn plan(
             }
         }
         let set = (programs.len() == d.cards.count).then(|| CardSet::new(programs));
-        (per_card, set)
+        (per_card, set, losses)
     };
 
     let predicted = (whole_model || card_set.is_some()).then(|| {
@@ -269,6 +302,7 @@ pub fn plan(
         },
         attention,
         per_card,
+        card_losses: losses,
         predicted,
         calibrated,
         assumed,

@@ -75,6 +75,35 @@ impl fmt::Display for Plan {
             if let Some(c) = self.per_card.first() {
                 writeln!(f, "  card 0 holds {}", c.share)?;
             }
+            let survived: Vec<String> = self
+                .card_losses
+                .iter()
+                .filter(|l| l.survived)
+                .map(|l| l.card.to_string())
+                .collect();
+            if survived.len() == self.card_losses.len() {
+                writeln!(
+                    f,
+                    "  survives the loss of any one card (replicas cover its experts, the \
+                     attention node its LM-head rows)"
+                )?;
+            } else {
+                let lost = self.card_losses.iter().filter(|l| !l.survived);
+                let first = self.card_losses.iter().find(|l| !l.survived);
+                writeln!(
+                    f,
+                    "  survives the loss of card(s): {}; not of card(s) {} ({})",
+                    if survived.is_empty() {
+                        "none".to_string()
+                    } else {
+                        survived.join(", ")
+                    },
+                    lost.map(|l| l.card.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    first.and_then(|l| l.reason.as_deref()).unwrap_or("")
+                )?;
+            }
         }
         if let Some(p) = &self.predicted {
             let b = &p.breakdown;

@@ -195,3 +195,51 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn the_plan_says_which_card_losses_a_placement_survives() {
+    let plain = plan_text(&format!("{TINY}[cards]\ncount = 2\n"));
+    assert_eq!(plain.card_losses.len(), 2);
+    assert!(plain.card_losses.iter().all(|l| !l.survived));
+    assert!(
+        plain.card_losses[1]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("held only by card(s) [1]")
+    );
+    assert!(
+        plain
+            .to_string()
+            .contains("survives the loss of card(s): none")
+    );
+    let (text, path) = deployment(TINY).model_config_text().unwrap();
+    let experts = ModelConfig::from_json(&text, &path)
+        .unwrap()
+        .moe
+        .unwrap()
+        .num_experts;
+    let all: Vec<String> = (0..experts)
+        .map(|e| format!("{{ expert = {e} }}"))
+        .collect();
+    let replicated = plan_text(&format!(
+        "{TINY}[cards]\ncount = 2\nreplicas = [{}]\n",
+        all.join(", ")
+    ));
+    assert!(replicated.card_losses.iter().all(|l| l.survived));
+    assert!(
+        replicated
+            .to_string()
+            .contains("survives the loss of any one card")
+    );
+    // Half of them: card 0's experts are copied onto card 1, not card 1's onto card 0.
+    let half: Vec<String> = (0..experts / 2)
+        .map(|e| format!("{{ expert = {e} }}"))
+        .collect();
+    let half = plan_text(&format!(
+        "{TINY}[cards]\ncount = 2\nreplicas = [{}]\n",
+        half.join(", ")
+    ));
+    let survived: Vec<bool> = half.card_losses.iter().map(|l| l.survived).collect();
+    assert_eq!(survived, vec![true, false]);
+}

@@ -33,10 +33,10 @@ pub(super) struct LmHeadRows {
 }
 
 impl DisaggregatedNode {
-    /// The cards holding vocabulary rows.
+    /// The cards holding vocabulary rows that are up (the node covers the others' rows).
     fn lm_cards(&self) -> Vec<usize> {
         (0..self.layout.lm_head.len())
-            .filter(|&c| !self.layout.lm_head[c].is_empty())
+            .filter(|&c| !self.layout.lm_head[c].is_empty() && !self.active.down.contains(&c))
             .collect()
     }
 
@@ -85,7 +85,11 @@ impl DisaggregatedNode {
             .max()
             .unwrap_or(1);
         let sampling: Vec<RowSampling> = rows.iter().map(row_sampling).collect();
-        self.send_lm_head(&lm_cards, m, LM_HEAD_LAYER, &normed, &sampling, k)?;
+        // With an LM-head card down, every row takes the full-logits round (its rows come
+        // from the node), so no proposals are asked for.
+        if self.lm_cards_down().is_empty() {
+            self.send_lm_head(&lm_cards, m, LM_HEAD_LAYER, &normed, &sampling, k)?;
+        }
         self.trace
             .end(span, "lm-head send", usize::from(LM_HEAD_LAYER), m);
         Ok(LmHeadRows {
@@ -113,12 +117,17 @@ impl DisaggregatedNode {
                 continue;
             }
             let span = self.trace.begin();
-            let proposals = self.proposals(&lm_cards, m as u8, LM_HEAD_LAYER, rows.len(), stash)?;
+            let degraded = !self.lm_cards_down().is_empty();
+            let proposals = if degraded {
+                Vec::new()
+            } else {
+                self.proposals(&lm_cards, m as u8, LM_HEAD_LAYER, rows.len(), stash)?
+            };
             let mut fallback = Vec::new();
             for (r, row) in rows.iter().enumerate() {
                 let props: Vec<Proposal> = proposals.iter().map(|p| p[r].clone()).collect();
                 let seq = batch.entries[row.entry].seq;
-                if self.collect_logits {
+                if self.collect_logits || degraded {
                     fallback.push(r);
                     continue;
                 }
@@ -201,7 +210,7 @@ impl DisaggregatedNode {
             micro_batch: m,
         };
         for &c in cards {
-            self.fabric.send(c, m, msg.clone(), immediate)?;
+            self.send_to(c, m, msg.clone(), immediate)?;
         }
         Ok(())
     }
@@ -269,9 +278,16 @@ impl DisaggregatedNode {
                 shard,
             )?;
             let proposals = self.proposals(cards, 0, FULL_LOGITS_LAYER, group.len(), stash)?;
+            let mut group_logits = vec![vec![f32::NEG_INFINITY; vocab]; group.len()];
+            self.node_lm_rows(&sel, group.len(), &mut group_logits);
+            let from_node: usize = self
+                .lm_cards_down()
+                .iter()
+                .map(|&c| self.layout.lm_head[c].len())
+                .sum();
             for (g, &r) in group.iter().enumerate() {
-                let mut logits = vec![f32::NEG_INFINITY; vocab];
-                let mut filled = 0usize;
+                let mut logits = std::mem::take(&mut group_logits[g]);
+                let mut filled = from_node;
                 for p in &proposals {
                     for c in &p[g].candidates {
                         if let Some(slot) = logits.get_mut(c.token as usize) {

@@ -3,12 +3,14 @@
 //! come back (DESIGN.md, "One decode step").
 
 mod compute;
+mod failover;
 mod lm_head;
 mod pipeline;
 mod trace;
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use model::forward::rope::Rope;
@@ -17,13 +19,14 @@ use proto::data::WireDtype;
 
 pub use trace::{Span, Trace, chrome_trace};
 
+use crate::cards::CardBoard;
 use crate::device::AttentionDevice;
 use crate::dispatch::ExpertPlacement;
 use crate::fabric::{CardFabric, SlotSizes};
 use crate::kv_cache::KvCacheConfig;
 use crate::sampler::TokenHistory;
 use compute::Compute;
-use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+use step::{AttentionNode, HealthSource, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 
 /// How a step is cut into micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,7 +67,8 @@ pub struct NodeConfig {
     pub lm_head_candidates: usize,
     /// Most tokens in one step (and so in one message to a card).
     pub max_tokens: usize,
-    /// How long to wait for a card's reply before failing the step.
+    /// How long to wait for a card's reply before failing the step (a card known to be down
+    /// fails the step at once, whatever this says).
     pub reply_timeout: Duration,
     /// Record per-layer spans (see [`DisaggregatedNode::take_trace`]).
     pub trace: bool,
@@ -101,6 +105,31 @@ impl CardLayout {
     pub fn largest_shard(&self) -> usize {
         self.lm_head.iter().map(|r| r.len()).max().unwrap_or(0)
     }
+
+    /// The placement to dispatch with while the cards in `down` are down, or why a node
+    /// cannot serve without them (naming the first such card): an expert with no live holder,
+    /// or dense FFN columns on a down card. The LM head never stops service: the node covers a
+    /// down card's vocabulary rows from its own copy.
+    pub fn coverage(&self, down: &[usize]) -> Result<ExpertPlacement, (usize, String)> {
+        if let Some(&card) = self.dense_cards.iter().find(|c| down.contains(c)) {
+            return Err((
+                card,
+                format!(
+                    "card {card} holds columns of the dense FFN layers, which no other card \
+                     covers"
+                ),
+            ));
+        }
+        self.placement.without(down).map_err(|e| {
+            let card = match &e {
+                crate::dispatch::PlacementError::Uncovered { cards, .. } => {
+                    cards.first().copied().unwrap_or(0)
+                }
+                _ => down.first().copied().unwrap_or(0),
+            };
+            (card, e.to_string())
+        })
+    }
 }
 
 /// Inbox and reply slot sizes for a model and node settings.
@@ -133,6 +162,8 @@ pub struct NodeStats {
     pub step_seconds: f64,
     /// Rows the full-logits fallback handled.
     pub full_logits_rows: u64,
+    /// Steps run again after a card went down during them, with replicas covering it.
+    pub retried_steps: u64,
 }
 
 /// The attention node: attention and KV cache here, experts on the cards.
@@ -142,6 +173,12 @@ pub struct DisaggregatedNode {
     layout: CardLayout,
     rope: Rope,
     compute: Compute,
+    /// The LM head's weight, for the vocabulary rows of cards that are down.
+    lm_weight: model::WeightMatrix,
+    /// The cards' states, shared with whoever watches them.
+    board: Arc<CardBoard>,
+    /// The placement and card epochs of the step under way.
+    active: failover::ActiveCards,
     seq_lens: HashMap<SeqId, usize>,
     histories: HashMap<SeqId, TokenHistory>,
     fabric: Box<dyn CardFabric>,
@@ -182,7 +219,11 @@ impl DisaggregatedNode {
             )));
         }
         let compute = Compute::new(weights, &node.kv, node.device)?;
+        let board = Arc::new(CardBoard::new(&layout));
         Ok(DisaggregatedNode {
+            lm_weight: weights.lm_head.clone(),
+            active: failover::ActiveCards::all(&layout),
+            board,
             rope: Rope::new(&config),
             trace: Trace::new(node.trace),
             compute,
@@ -230,6 +271,12 @@ impl DisaggregatedNode {
         std::mem::take(&mut self.logits)
     }
 
+    /// The cards' states: the shell that watches the cards reports heartbeats and rejoins to
+    /// it; steps read it.
+    pub fn board(&self) -> Arc<CardBoard> {
+        self.board.clone()
+    }
+
     /// Per-layer spans recorded since the last call (empty unless tracing is on).
     pub fn take_trace(&mut self) -> Vec<Span> {
         self.trace.take()
@@ -243,7 +290,7 @@ impl AttentionNode for DisaggregatedNode {
 
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
         let started = std::time::Instant::now();
-        let out = self.run_step(batch);
+        let out = self.step_with_failover(batch);
         self.stats.steps += 1;
         self.stats.tokens += batch
             .entries
@@ -260,6 +307,10 @@ impl AttentionNode for DisaggregatedNode {
             self.histories.remove(s);
         }
         Ok(())
+    }
+
+    fn health_source(&self) -> Option<Arc<dyn HealthSource>> {
+        Some(self.board.clone())
     }
 }
 

@@ -46,12 +46,19 @@ pub(super) struct Pending {
 
 impl DisaggregatedNode {
     pub(super) fn run_step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
+        // A sequence that starts at 0 is new, whatever this node remembers under its id (a
+        // frontend that restarted numbers its sequences from the start again).
+        for e in batch.entries.iter().filter(|e| e.start == 0) {
+            self.seq_lens.remove(&e.seq);
+            self.histories.remove(&e.seq);
+        }
         validate_batch(batch, self.compute.capacity(), |s| {
             self.seq_lens.get(&s).copied().unwrap_or(0)
         })?;
         if batch.entries.is_empty() {
             return Ok(StepOutput::default());
         }
+        self.begin_cards()?;
         self.step_counter += 1;
         let mut mbs = self.split(batch)?;
         for mb in &mbs {
@@ -102,7 +109,11 @@ impl DisaggregatedNode {
                 .or_default()
                 .extend(&e.tokens, e.prompt_len);
         }
-        self.lm_head_merge(batch, &sent, &mut stash)
+        let out = self.lm_head_merge(batch, &sent, &mut stash);
+        if out.is_err() {
+            self.forget_tokens(batch);
+        }
+        out
     }
 
     /// Cuts the batch into one or two micro-batches of about equal token counts, in order.
@@ -195,7 +206,7 @@ impl DisaggregatedNode {
         let pending = match (self.config.layers[layer].ffn, ffn_input.routing) {
             (FfnKind::Moe, Some(routing)) => {
                 let keys: Vec<u64> = mb.positions.iter().map(|&p| p as u64).collect();
-                let plan = plan_dispatch(&routing, layer, &self.layout.placement, &keys);
+                let plan = plan_dispatch(&routing, layer, &self.active.placement, &keys);
                 self.trace.end(span, "attention", layer, m);
                 let span = self.trace.begin();
                 let mut cards = Vec::new();
@@ -208,7 +219,7 @@ impl DisaggregatedNode {
                     data::encode_moe_dispatch(
                         meta, hidden, &sel, plan.slots, &c.experts, &c.weights, &mut msg,
                     );
-                    self.fabric.send(c.card, m, msg, immediate)?;
+                    self.send_to(c.card, m, msg, immediate)?;
                     cards.push(c.card);
                 }
                 self.trace.end(span, "dispatch", layer, m);
@@ -228,8 +239,8 @@ impl DisaggregatedNode {
                 let span = self.trace.begin();
                 let mut msg = Vec::new();
                 data::encode_rows(Kind::DenseDispatch, meta, hidden, &h2, &mut msg);
-                for &card in &self.layout.dense_cards {
-                    self.fabric.send(card, m, msg.clone(), immediate)?;
+                for card in self.layout.dense_cards.clone() {
+                    self.send_to(card, m, msg.clone(), immediate)?;
                 }
                 self.trace.end(span, "dispatch", layer, m);
                 Pending {
@@ -320,24 +331,17 @@ impl DisaggregatedNode {
             .map(|&c| stash.remove(&(layer as usize, m, c)))
             .collect();
         while out.iter().any(Option::is_none) {
+            let waiting: Vec<usize> = cards
+                .iter()
+                .zip(&out)
+                .filter(|(_, o)| o.is_none())
+                .map(|(&c, _)| c)
+                .collect();
             let Reply {
                 card,
                 immediate,
                 bytes,
-            } = self
-                .fabric
-                .recv(self.node.reply_timeout)
-                .map_err(|e| match e {
-                    StepError::NoReply { .. } => StepError::Card {
-                        card: cards
-                            .iter()
-                            .zip(&out)
-                            .find(|(_, o)| o.is_none())
-                            .map_or(0, |(c, _)| *c),
-                        message: e.to_string(),
-                    },
-                    other => other,
-                })?;
+            } = self.next_reply(&waiting)?;
             if let Ok(h) = data::decode_header(&bytes)
                 && h.kind == Kind::Error
             {
@@ -346,7 +350,7 @@ impl DisaggregatedNode {
             }
             if immediate.step != Immediate::wire_step(self.step_counter) {
                 // A late reply of a failed earlier step: not ours to use.
-                tracing::warn!(card, step = immediate.step, "dropping a stale reply");
+                tracing::debug!(card, step = immediate.step, "dropping a stale reply");
                 continue;
             }
             match cards.iter().position(|&c| c == card) {

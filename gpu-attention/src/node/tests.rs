@@ -14,15 +14,21 @@ use model::{ModelWeights, ReferenceModel};
 use proto::data::{self, Candidate, Immediate, Kind, Proposal};
 
 use super::*;
+use crate::cards::{CardBoard, Heartbeat};
 use crate::dispatch::ExpertPlacement;
 use crate::fabric::{CardFabric, Reply};
 
-/// Cards in memory: card `c` holds experts `e % cards == c` and a contiguous vocabulary slice.
+/// Cards in memory: card `c` holds experts `e % cards == c` (every expert when `replicated`)
+/// and a contiguous vocabulary slice.
 struct MemoryCards {
     weights: ModelWeights,
     cards: usize,
     vocab: Vec<Range<u32>>,
     queue: VecDeque<Reply>,
+    replicated: bool,
+    /// A card that dies at the first message it is sent: the message is lost and the board
+    /// hears of it, as from a failed heartbeat.
+    dies: Option<(usize, Arc<std::sync::OnceLock<Arc<CardBoard>>>)>,
 }
 
 impl MemoryCards {
@@ -47,6 +53,14 @@ impl CardFabric for MemoryCards {
         message: Vec<u8>,
         immediate: Immediate,
     ) -> Result<(), StepError> {
+        if let Some((dead, board)) = &self.dies
+            && *dead == card
+        {
+            if let Some(board) = board.get() {
+                board.missed(card, "connection refused", true);
+            }
+            return Ok(());
+        }
         let h = data::decode_header(&message).unwrap();
         let meta = data::MessageMeta {
             step: h.step,
@@ -73,9 +87,8 @@ impl CardFabric for MemoryCards {
                         if e == data::NO_EXPERT {
                             continue;
                         }
-                        assert_eq!(
-                            e as usize % self.cards,
-                            card,
+                        assert!(
+                            self.replicated || e as usize % self.cards == card,
                             "expert sent to the wrong card"
                         );
                         let y = gated_mlp(moe.expert(e as usize).unwrap(), act, x, 1);
@@ -190,6 +203,19 @@ fn node_on(
     micro_batches: MicroBatches,
     device: AttentionDevice,
 ) -> DisaggregatedNode {
+    node_with(dir, cards, micro_batches, device, false, None)
+}
+
+/// A node on `device` whose cards replicate every expert when `replicated`, and whose card
+/// `dies` (if any) goes down in the middle of a step.
+fn node_with(
+    dir: &std::path::Path,
+    cards: usize,
+    micro_batches: MicroBatches,
+    device: AttentionDevice,
+    replicated: bool,
+    dies: Option<usize>,
+) -> DisaggregatedNode {
     let all = ModelWeights::load(dir).unwrap();
     let attn = ModelWeights::load_with(
         dir,
@@ -206,7 +232,7 @@ fn node_on(
                 .map(|l| {
                     if cfg.layers[l].ffn == FfnKind::Moe {
                         (0..experts as u32)
-                            .filter(|e| *e as usize % cards == c)
+                            .filter(|e| replicated || *e as usize % cards == c)
                             .collect()
                     } else {
                         Vec::new()
@@ -226,11 +252,14 @@ fn node_on(
         dense_cards: vec![0],
         lm_head: vocab.clone(),
     };
+    let board = Arc::new(std::sync::OnceLock::new());
     let fabric = MemoryCards {
         weights: all,
         cards,
         vocab,
         queue: VecDeque::new(),
+        replicated,
+        dies: dies.map(|c| (c, board.clone())),
     };
     let config = NodeConfig {
         device,
@@ -243,7 +272,9 @@ fn node_on(
         },
         ..NodeConfig::default()
     };
-    DisaggregatedNode::new(&attn, layout, Box::new(fabric), config).unwrap()
+    let node = DisaggregatedNode::new(&attn, layout, Box::new(fabric), config).unwrap();
+    let _ = board.set(node.board());
+    node
 }
 
 /// Generation of several prompts together through the node's step API.
@@ -418,4 +449,81 @@ fn the_device_path_matches_the_reference_and_the_host_path() {
             .fold(0f32, f32::max);
         assert!(worst < 1e-4, "{name}: logits differ by {worst}");
     }
+}
+
+#[test]
+fn replicas_and_the_nodes_lm_head_cover_a_down_card_with_the_same_tokens() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let expected = reference(&dir, &prompts(), 8, SamplingParams::greedy());
+    let mut n = node_with(&dir, 2, MicroBatches::Two, AttentionDevice::Cpu, true, None);
+    n.board().missed(1, "connection refused", true);
+    assert_eq!(
+        run(&mut n, &prompts(), 8, SamplingParams::greedy()),
+        expected
+    );
+    // Card 1's vocabulary rows came from the node, through the full-logits round.
+    assert!(n.stats().full_logits_rows > 0);
+    // Back: a rejoin hands over an inbox, and the proposals round is used again.
+    let board = n.board();
+    let beat = Heartbeat {
+        incarnation: 1,
+        serves_us: false,
+    };
+    assert_eq!(board.heartbeat(1, beat), crate::cards::Action::Rejoin);
+    board.rejoined(
+        1,
+        1,
+        jetstream::RegionDescriptor {
+            node: "card-1".into(),
+            id: 1,
+            len: 1,
+            key: 1,
+        },
+    );
+    let rows = n.stats().full_logits_rows;
+    assert_eq!(
+        run(&mut n, &prompts(), 8, SamplingParams::greedy()),
+        expected
+    );
+    assert_eq!(n.stats().full_logits_rows, rows);
+}
+
+#[test]
+fn a_down_card_without_cover_fails_the_step_at_once_naming_it() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let mut n = node(&dir, 2, MicroBatches::Auto);
+    n.board().missed(1, "connection refused", true);
+    let started = std::time::Instant::now();
+    let requests = [GenerationRequest {
+        prompt: prompts()[0].clone(),
+        max_tokens: 4,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+    }];
+    let err = crate::driver::generate(&mut n, &requests, 100)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("card 1 is down"), "{err}");
+    assert!(err.contains("connection refused"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_card_that_dies_during_a_step_is_replaced_by_its_replica_in_a_second_try() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let expected = reference(&dir, &prompts(), 6, SamplingParams::greedy());
+    let mut n = node_with(
+        &dir,
+        2,
+        MicroBatches::Auto,
+        AttentionDevice::Cpu,
+        true,
+        Some(1),
+    );
+    assert_eq!(
+        run(&mut n, &prompts(), 6, SamplingParams::greedy()),
+        expected
+    );
+    assert_eq!(n.stats().retried_steps, 1);
+    assert_eq!(n.board().live().down, vec![1]);
 }

@@ -392,6 +392,20 @@ impl QuicTransport {
             .insert(node.into(), addr);
     }
 
+    /// Closes the connection used to write to `peer`, if there is one: writes still
+    /// unacknowledged on it fail with [`Error::PeerGone`], and the next write dials again (at
+    /// the address book's address). For a peer known to have restarted or stalled, whose old
+    /// connection would otherwise stay in use until the idle timeout.
+    pub fn reset_peer(&self, peer: &str) {
+        let link = lock(&self.shared.links).remove(peer);
+        if let Some(link) = link {
+            link.connection.close(
+                VarInt::from_u32(close_code::SHUTDOWN),
+                b"reset by the writer",
+            );
+        }
+    }
+
     /// Nodes this endpoint currently has an open connection with.
     pub fn connected_peers(&self) -> Vec<String> {
         let links = lock(&self.shared.links);

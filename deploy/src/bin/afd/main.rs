@@ -58,8 +58,22 @@ enum Command {
     Verify(verify::VerifyArgs),
 }
 
+/// Log lines (a card going down, coming back, a failed step) on stderr: warnings and errors
+/// unless `RUST_LOG` says otherwise.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    init_logging();
     let threads = match &cli.command {
         Command::Serve(args) => args.compute_threads(),
         Command::Generate(args) => args.compute_threads(),

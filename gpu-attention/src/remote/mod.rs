@@ -3,127 +3,20 @@
 
 use std::sync::{Arc, Mutex};
 
-use model::sampling::SamplingParams;
 use proto::control::attention_client::AttentionClient;
 use proto::control::attention_server::{Attention, AttentionServer};
 use proto::control::{self as pb};
 use tonic::{Request, Response, Status};
 
-use step::{
-    AttentionNode, KvCapacity, Penalties, SampleRequest, SampledToken, SeqId, StepBatch, StepEntry,
-    StepError, StepOutput,
-};
+use step::{AttentionNode, HealthSource, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 
-/// Step batches to and from their wire form.
-pub mod convert {
-    use super::*;
-
-    /// Wire form of a batch.
-    pub fn batch_to_pb(batch: &StepBatch) -> pb::StepRequest {
-        pb::StepRequest {
-            entries: batch
-                .entries
-                .iter()
-                .map(|e| pb::StepEntry {
-                    seq: e.seq,
-                    tokens: e.tokens.clone(),
-                    start: e.start as u32,
-                    prompt_len: e.prompt_len as u32,
-                    block_table: e.block_table.clone(),
-                    sample: e.sample.map(|s| pb::SamplingParams {
-                        temperature: s.params.temperature,
-                        top_p: s.params.top_p,
-                        top_k: s.params.top_k as u32,
-                        min_p: s.params.min_p,
-                        seed: s.params.seed,
-                        presence_penalty: s.penalties.presence,
-                        frequency_penalty: s.penalties.frequency,
-                        repetition_penalty: s.penalties.repetition,
-                        top_logprobs: s.top_logprobs as u32,
-                        logprobs: s.logprobs,
-                    }),
-                })
-                .collect(),
-        }
-    }
-
-    /// A batch from its wire form.
-    pub fn batch_from_pb(request: pb::StepRequest) -> StepBatch {
-        StepBatch {
-            entries: request
-                .entries
-                .into_iter()
-                .map(|e| StepEntry {
-                    seq: e.seq,
-                    tokens: e.tokens,
-                    start: e.start as usize,
-                    prompt_len: e.prompt_len as usize,
-                    block_table: e.block_table,
-                    sample: e.sample.map(|s| SampleRequest {
-                        params: SamplingParams {
-                            temperature: s.temperature,
-                            top_p: s.top_p,
-                            top_k: s.top_k as usize,
-                            min_p: s.min_p,
-                            seed: s.seed,
-                        },
-                        penalties: Penalties {
-                            presence: s.presence_penalty,
-                            frequency: s.frequency_penalty,
-                            repetition: s.repetition_penalty,
-                        },
-                        logprobs: s.logprobs,
-                        top_logprobs: s.top_logprobs as usize,
-                    }),
-                })
-                .collect(),
-        }
-    }
-
-    /// Wire form of an output.
-    pub fn output_to_pb(out: StepOutput) -> pb::StepReply {
-        pb::StepReply {
-            sampled: out
-                .sampled
-                .into_iter()
-                .map(|t| pb::SampledToken {
-                    seq: t.seq,
-                    token: t.token,
-                    logprob: t.logprob,
-                    top_logprobs: t
-                        .top_logprobs
-                        .into_iter()
-                        .map(|(token, logprob)| pb::TokenLogprob { token, logprob })
-                        .collect(),
-                })
-                .collect(),
-        }
-    }
-
-    /// An output from its wire form.
-    pub fn output_from_pb(reply: pb::StepReply) -> StepOutput {
-        StepOutput {
-            sampled: reply
-                .sampled
-                .into_iter()
-                .map(|t| SampledToken {
-                    seq: t.seq,
-                    token: t.token,
-                    logprob: t.logprob,
-                    top_logprobs: t
-                        .top_logprobs
-                        .into_iter()
-                        .map(|l| (l.token, l.logprob))
-                        .collect(),
-                })
-                .collect(),
-        }
-    }
-}
+pub mod convert;
+mod health;
 
 /// Serves one attention node over gRPC. Steps run on a blocking thread, one at a time.
 pub struct AttentionService {
     node: Arc<Mutex<Box<dyn AttentionNode>>>,
+    health: Option<Arc<dyn HealthSource>>,
 }
 
 impl std::fmt::Debug for AttentionService {
@@ -136,6 +29,7 @@ impl AttentionService {
     /// Serves `node`.
     pub fn new(node: Box<dyn AttentionNode>) -> Self {
         AttentionService {
+            health: node.health_source(),
             node: Arc::new(Mutex::new(node)),
         }
     }
@@ -175,11 +69,8 @@ impl Attention for AttentionService {
         &self,
         _r: Request<pb::HealthRequest>,
     ) -> Result<Response<pb::HealthReply>, Status> {
-        Ok(Response::new(pb::HealthReply {
-            ready: true,
-            status: "serving".into(),
-            model_fingerprint: String::new(),
-        }))
+        let health = self.health.as_ref().map(|h| h.health()).unwrap_or_default();
+        Ok(Response::new(convert::health_to_pb(&health)))
     }
 
     async fn kv_capacity(
@@ -224,6 +115,15 @@ pub struct RemoteNode {
     runtime: tokio::runtime::Handle,
     capacity: KvCapacity,
     address: String,
+    health: Arc<health::RemoteHealth>,
+    /// The task that keeps `health` current; stopped with the node.
+    poll: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RemoteNode {
+    fn drop(&mut self) {
+        self.poll.abort();
+    }
 }
 
 impl std::fmt::Debug for RemoteNode {
@@ -259,6 +159,12 @@ impl RemoteNode {
             .block_on(client.kv_capacity(pb::KvCapacityRequest {}))
             .map_err(|s| from_status(address, s))?
             .into_inner();
+        let health = Arc::new(health::RemoteHealth::default());
+        let poll = runtime.spawn(health::poll(
+            client.clone(),
+            health.clone(),
+            address.to_owned(),
+        ));
         Ok(RemoteNode {
             client,
             runtime,
@@ -267,6 +173,8 @@ impl RemoteNode {
                 num_blocks: c.num_blocks as usize,
             },
             address: address.to_owned(),
+            health,
+            poll,
         })
     }
 }
@@ -294,5 +202,9 @@ impl AttentionNode for RemoteNode {
             }))
             .map_err(|s| from_status(&self.address, s))?;
         Ok(())
+    }
+
+    fn health_source(&self) -> Option<Arc<dyn HealthSource>> {
+        Some(self.health.clone())
     }
 }

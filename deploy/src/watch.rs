@@ -1,0 +1,146 @@
+//! The shell around an attention node's [`CardBoard`]: one thread per card asks the card's
+//! control plane for its health a few times a second and reports what it learns; when the
+//! board asks for it (a card that was down answers again, or restarted), the thread loads the
+//! card's shard again with the request the node first connected with, points the node's
+//! transport at the card's new data address, and hands the new inbox to the board.
+//!
+//! The threads hold the board weakly and stop once the node is gone.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use gpu_attention::cards::{Action, CardBoard, Heartbeat};
+use jetstream::QuicTransport;
+use proto::control::{HealthReply, LoadShardRequest};
+
+use crate::cluster::CardControl;
+use crate::error::{Error, Result};
+
+/// How the cards are watched.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WatchConfig {
+    /// Time between two heartbeats to one card.
+    pub interval: Duration,
+    /// How long one heartbeat may take; a card that misses
+    /// [`gpu_attention::cards::MISSES_TO_DOWN`] in a row is down (one that cannot be reached
+    /// at all is down at once).
+    pub timeout: Duration,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        WatchConfig {
+            interval: Duration::from_millis(200),
+            timeout: Duration::from_millis(400),
+        }
+    }
+}
+
+/// Why a heartbeat got no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeartbeatError {
+    /// The card could not be reached (refused, reset): its process is gone.
+    Unreachable(String),
+    /// No answer within the timeout: stalled, or a slow network.
+    TimedOut(String),
+}
+
+/// One card as the watcher reaches it.
+pub struct WatchedCard {
+    /// Its control plane.
+    pub control: Arc<dyn CardControl>,
+    /// The request this node loaded (or attached to) the card's shard with.
+    pub request: LoadShardRequest,
+}
+
+/// Starts one thread per card of `board`, each running until the board is dropped (with the
+/// node and whoever reads its health). `quic` is the node's transport, whose address book and
+/// connection to a card are renewed when the card rejoins (`None`: in-process).
+pub fn watch_cards(
+    board: &Arc<CardBoard>,
+    cards: Vec<WatchedCard>,
+    quic: Option<&Arc<QuicTransport>>,
+    config: WatchConfig,
+) -> Result<()> {
+    for (index, card) in cards.into_iter().enumerate() {
+        let watcher = Watcher {
+            index,
+            card,
+            board: Arc::downgrade(board),
+            quic: quic.map(Arc::downgrade),
+            config,
+        };
+        std::thread::Builder::new()
+            .name(format!("afd-watch-card-{index}"))
+            .spawn(move || watcher.run())
+            .map_err(|e| Error::Io(format!("cannot start a card watcher thread: {e}")))?;
+    }
+    Ok(())
+}
+
+struct Watcher {
+    index: usize,
+    card: WatchedCard,
+    board: Weak<CardBoard>,
+    quic: Option<Weak<QuicTransport>>,
+    config: WatchConfig,
+}
+
+impl Watcher {
+    fn run(self) {
+        while let Some(board) = self.board.upgrade() {
+            match self.card.control.health(self.config.timeout) {
+                Ok(reply) => {
+                    if board.heartbeat(self.index, self.beat(&reply)) == Action::Rejoin {
+                        self.rejoin(&board);
+                    }
+                }
+                Err(HeartbeatError::Unreachable(why)) => board.missed(self.index, &why, true),
+                Err(HeartbeatError::TimedOut(why)) => board.missed(self.index, &why, false),
+            }
+            drop(board);
+            std::thread::sleep(self.config.interval);
+        }
+    }
+
+    fn beat(&self, reply: &HealthReply) -> Heartbeat {
+        Heartbeat {
+            incarnation: reply.incarnation,
+            serves_us: reply.attached.contains(&self.card.request.attention_node),
+        }
+    }
+
+    /// Loads the card's shard again and hands the new inbox to the board.
+    fn rejoin(&self, board: &CardBoard) {
+        let card = self.index;
+        let answer = match self.card.control.load_shard(self.card.request.clone()) {
+            Ok(answer) => answer,
+            Err(e) => return board.rejoin_failed(card, &e.to_string()),
+        };
+        let Some(inbox) = answer.inbox else {
+            return board.rejoin_failed(card, "the card returned no inbox");
+        };
+        if let Some(quic) = self.quic.as_ref().and_then(Weak::upgrade) {
+            match answer.card_data_addr.parse() {
+                Ok(addr) => quic.add_peer(answer.card_node.clone(), addr),
+                Err(e) => {
+                    let why = format!("bad data address `{}`: {e}", answer.card_data_addr);
+                    return board.rejoin_failed(card, &why);
+                }
+            }
+            // The old connection may still look open (a killed process sends no close): the
+            // next write must dial the card where it is now.
+            quic.reset_peer(&answer.card_node);
+        }
+        board.rejoined(
+            card,
+            answer.incarnation,
+            jetstream::RegionDescriptor {
+                node: inbox.node,
+                id: inbox.id,
+                len: inbox.len,
+                key: inbox.key,
+            },
+        );
+    }
+}
