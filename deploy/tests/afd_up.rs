@@ -1,7 +1,8 @@
 //! `afd up` on the tiny deployment: every process starts and becomes healthy, the frontend
 //! serves a completion whose tokens equal `afd generate`'s, the cards answer the standard gRPC
 //! health check (what Kubernetes probes), and a SIGTERM stops everything with no process left
-//! behind; when a card dies, `afd up` stops the rest and exits non-zero naming it.
+//! behind; a card that dies is started again and the deployment serves on with nothing else
+//! restarted (with `--no-restart`, `afd up` stops the rest and exits non-zero naming it).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -44,10 +45,15 @@ struct Up {
 
 impl Up {
     fn start(file: &Path) -> Up {
+        Up::start_with(file, &[])
+    }
+
+    fn start_with(file: &Path, flags: &[&str]) -> Up {
         let mut child = Command::new(AFD)
             .arg("up")
             .arg(file)
             .arg("--free-ports")
+            .args(flags)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -245,19 +251,63 @@ fn afd_up_serves_a_completion_and_stops_every_process() {
 }
 
 #[test]
-fn afd_up_stops_everything_and_fails_naming_a_card_that_died() {
+fn afd_up_starts_a_card_that_died_again_and_the_deployment_serves_on() {
     let mut up = Up::start(&tiny());
-    up.wait_for("[up] ready", Duration::from_secs(300));
+    let ready = up.wait_for("[up] ready", Duration::from_secs(300));
+    let address = ready
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .trim_start_matches("http://")
+        .to_string();
+    let others: Vec<(String, u32)> = up
+        .pids
+        .iter()
+        .filter(|(n, _)| n != "card-1")
+        .cloned()
+        .collect();
     let victim = up.pid("card-1");
     send(victim, libc::SIGKILL);
-    let status = up.wait_exit(Duration::from_secs(60));
-    assert!(!status.success(), "afd up should fail when a card dies");
+    let line = up.wait_for("card-1 started again", Duration::from_secs(60));
+    assert!(line.contains("restart 1"), "{line}");
+    up.wait_for("card-1 is healthy again", Duration::from_secs(120));
     let log = up.log.join("\n");
     assert!(
         log.contains(&format!("card-1 (pid {victim}) exited on its own")),
         "{log}"
     );
     assert!(log.contains("SIGKILL"), "{log}");
+    // The attention node takes the card back by itself; nothing else was restarted.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http(&address, "GET", "/health", None).0 != 200 {
+        assert!(Instant::now() < deadline, "not healthy again:\n{log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, models) = http(&address, "GET", "/v1/models", None);
+    assert_eq!(status, 200, "{models}");
+    let model_id = serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"].clone();
+    let body = json!({"model": model_id, "prompt": [12, 345, 67], "max_tokens": 4,
+                      "temperature": 0, "ignore_eos": true});
+    let (status, answer) = http(&address, "POST", "/v1/completions", Some(&body));
+    assert_eq!(status, 200, "{answer}");
+    for (name, pid) in &others {
+        assert!(alive(*pid), "{name} (pid {pid}) was restarted or died");
+    }
+}
+
+#[test]
+fn afd_up_no_restart_stops_everything_and_fails_naming_a_card_that_died() {
+    let mut up = Up::start_with(&tiny(), &["--no-restart"]);
+    up.wait_for("[up] ready", Duration::from_secs(300));
+    let victim = up.pid("card-1");
+    send(victim, libc::SIGKILL);
+    let status = up.wait_exit(Duration::from_secs(120));
+    assert!(!status.success(), "afd up should fail when a card dies");
+    let log = up.log.join("\n");
+    assert!(
+        log.contains(&format!("card-1 (pid {victim}) exited on its own")),
+        "{log}"
+    );
     for (name, pid) in &up.pids {
         assert!(!alive(*pid), "{name} (pid {pid}) is still running");
     }

@@ -1,19 +1,22 @@
 //! `afd up`: every process of a deployment on this machine (cards, attention nodes, the
-//! frontend), each started once the one before it is healthy, their output prefixed by role,
-//! all stopped together on Ctrl-C or when one dies.
+//! frontend), each started once the one before it is healthy, their output prefixed by role, a
+//! process that dies started again with back-off, all stopped in order on Ctrl-C or SIGTERM.
 //!
-//! [`plan`] is the deterministic core (which processes, with which arguments, probed how);
-//! [`supervisor`] is the async shell that runs them; [`launch`] ties them to a deployment file
-//! (ports, TLS material, signals).
+//! [`plan`] and [`restart`] are the deterministic core (which processes, with which arguments,
+//! probed how; when to start one again, in which order to stop them); [`supervisor`] is the
+//! async shell that runs them; [`launch`] ties them to a deployment file (ports, TLS material,
+//! signals).
 
 pub mod health;
 pub mod plan;
+pub mod restart;
 pub mod supervisor;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 
 pub use plan::{Addresses, HealthCheck, LaunchFiles, LaunchPlan, ProcessSpec, Role};
+pub use restart::RestartPolicy;
 pub use supervisor::{Ended, Supervisor, SupervisorConfig};
 
 use crate::deployment::Deployment;
@@ -89,21 +92,25 @@ pub fn addresses(d: &Deployment, options: &UpOptions) -> Result<Addresses> {
     Ok(addresses)
 }
 
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
-async fn stop_requested() {
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM, with the signal (which `afd up` passes on).
+async fn stop_requested() -> libc::c_int {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
+    let sig = match signal(SignalKind::terminate()) {
         Ok(mut term) => {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => libc::SIGINT,
+                _ = term.recv() => libc::SIGTERM,
             }
         }
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
+            libc::SIGINT
         }
-    }
-    eprintln!("[up] stop requested; stopping every process");
+    };
+    eprintln!(
+        "[up] stop requested; stopping the frontend, then the attention nodes, then the cards"
+    );
+    sig
 }
 
 /// Loads the deployment, makes TLS material when the file names none, and runs every process

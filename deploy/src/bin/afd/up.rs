@@ -1,11 +1,11 @@
-//! `afd up FILE`: every process of a deployment on this machine, until Ctrl-C or until one dies
-//! (see `deploy::launch`).
+//! `afd up FILE`: every process of a deployment on this machine until Ctrl-C or SIGTERM, a
+//! process that dies started again (see `deploy::launch`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use deploy::launch::{SupervisorConfig, UpOptions, launch};
+use deploy::launch::{RestartPolicy, SupervisorConfig, UpOptions, launch};
 
 /// Start the cards, attention nodes and frontend of a deployment file as separate processes.
 #[derive(Debug, clap::Args)]
@@ -24,9 +24,13 @@ pub struct UpArgs {
     /// Seconds each process may take to become healthy.
     #[arg(long, default_value_t = 600.0)]
     ready_timeout: f64,
-    /// Seconds processes may take to stop after SIGINT before they are killed.
-    #[arg(long, default_value_t = 10.0)]
+    /// Seconds each stage (the frontend, then the attention nodes, then the cards) may take to
+    /// stop after the signal before it is killed; above the frontend's drain time.
+    #[arg(long, default_value_t = 40.0)]
     stop_grace: f64,
+    /// Stop the whole deployment when a process dies, instead of starting it again.
+    #[arg(long)]
+    no_restart: bool,
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
@@ -40,6 +44,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             program,
             ready_timeout: Duration::from_secs_f64(args.ready_timeout.max(0.0)),
             stop_grace: Duration::from_secs_f64(args.stop_grace.max(0.0)),
+            restart: (!args.no_restart).then(RestartPolicy::default),
             ..SupervisorConfig::default()
         },
     };
