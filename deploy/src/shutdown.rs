@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+use step::{AttentionNode, HealthSource, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// Which stop signal arrived.
@@ -110,6 +110,10 @@ impl AttentionNode for CountedNode {
         }
         self.inner.free(seqs)
     }
+
+    fn health_source(&self) -> Option<Arc<dyn HealthSource>> {
+        self.inner.health_source()
+    }
 }
 
 #[cfg(test)]
@@ -140,6 +144,45 @@ mod tests {
         assert_eq!(live.count(), 1);
         node.free(&[2, 3]).unwrap();
         assert_eq!(live.count(), 0);
+    }
+
+    #[test]
+    fn a_counted_node_passes_on_the_view_of_its_cards() {
+        // `afd attention` serves its node through a CountedNode; without this its Health
+        // answered no cards and the frontend never saw one go down.
+        struct Board;
+        impl HealthSource for Board {
+            fn health(&self) -> step::NodeHealth {
+                step::NodeHealth {
+                    unserved: Some("card 1 is down".into()),
+                    ..Default::default()
+                }
+            }
+        }
+        struct WithCards;
+        impl AttentionNode for WithCards {
+            fn kv_capacity(&self) -> KvCapacity {
+                KvCapacity {
+                    block_size: 16,
+                    num_blocks: 1,
+                }
+            }
+            fn step(&mut self, _: &StepBatch) -> Result<StepOutput, StepError> {
+                Err(StepError::Model("not stepped here".into()))
+            }
+            fn free(&mut self, _: &[SeqId]) -> Result<(), StepError> {
+                Ok(())
+            }
+            fn health_source(&self) -> Option<Arc<dyn HealthSource>> {
+                Some(Arc::new(Board))
+            }
+        }
+        let node = CountedNode::new(Box::new(WithCards));
+        let health = node
+            .health_source()
+            .expect("the inner node's view")
+            .health();
+        assert_eq!(health.unserved.as_deref(), Some("card 1 is down"));
     }
 
     #[tokio::test]
