@@ -289,7 +289,7 @@ fn afd_up_starts_a_card_that_died_again_and_the_deployment_serves_on() {
     let body = json!({"model": model_id, "prompt": [12, 345, 67], "max_tokens": 4,
                       "temperature": 0, "ignore_eos": true});
     let (status, answer) = http(&address, "POST", "/v1/completions", Some(&body));
-    assert_eq!(status, 200, "{answer}");
+    assert_eq!(status, 200, "{answer}\n{}", up.log.join("\n"));
     for (name, pid) in &others {
         assert!(alive(*pid), "{name} (pid {pid}) was restarted or died");
     }
