@@ -9,12 +9,26 @@ pub enum Error {
     /// The hardware profile is malformed.
     #[error("hardware profile: {0}")]
     Profile(String),
+    /// The hardware profile is not valid TOML or does not have a profile's fields.
+    #[error("hardware profile: {what}: {source}")]
+    ProfileToml {
+        /// What the text failed to be ("not a valid profile", "not valid TOML").
+        what: &'static str,
+        /// The TOML parser's error.
+        source: toml::de::Error,
+    },
+    /// A list of the hardware profile names a key the profile does not set.
+    #[error("hardware profile: {0}")]
+    ProfileKey(#[from] crate::profile::UnsetKey),
     /// A card assignment does not match the model (unknown expert, bad range, ...).
     #[error("card assignment: {0}")]
     Assignment(String),
     /// The model shape cannot be compiled with these options.
     #[error("cannot compile: {0}")]
     Unsupported(String),
+    /// The checkpoint's config.json is not JSON (read for its stored formats).
+    #[error("cannot compile: config.json is not valid JSON: {0}")]
+    ConfigJson(#[source] serde_json::Error),
     /// The card's share does not fit its memory.
     #[error("{0}")]
     DoesNotFit(Box<crate::compiler::FitError>),
@@ -36,6 +50,9 @@ pub enum Error {
     /// A request to a card is malformed (wrong row count, unknown layer, foreign expert...).
     #[error("invalid request: {0}")]
     Request(String),
+    /// The executor's thread pool could not be started (the machine is out of threads).
+    #[error("cannot start the executor's threads: {0}")]
+    ExecutorThreads(#[source] rayon::ThreadPoolBuildError),
     /// The model crate failed.
     #[error(transparent)]
     Model(#[from] model::Error),

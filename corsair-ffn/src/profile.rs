@@ -136,12 +136,16 @@ impl Default for HardwareProfile {
 impl HardwareProfile {
     /// Parses and validates a profile.
     pub fn from_toml(text: &str) -> Result<Self> {
-        let profile: HardwareProfile = toml::from_str(text)
-            .map_err(|e| Error::Profile(format!("not a valid profile: {e}")))?;
-        let value: toml::Value =
-            toml::from_str(text).map_err(|e| Error::Profile(format!("not valid TOML: {e}")))?;
-        check_listed_keys(&value, &[("assumed", &profile.assumed)])
-            .map_err(|e| Error::Profile(e.to_string()))?;
+        let profile: HardwareProfile =
+            toml::from_str(text).map_err(|source| Error::ProfileToml {
+                what: "not a valid profile",
+                source,
+            })?;
+        let value: toml::Value = toml::from_str(text).map_err(|source| Error::ProfileToml {
+            what: "not valid TOML",
+            source,
+        })?;
+        check_listed_keys(&value, &[("assumed", &profile.assumed)])?;
         profile.validate()?;
         Ok(profile)
     }

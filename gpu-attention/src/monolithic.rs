@@ -113,7 +113,7 @@ impl AttentionNode for MonolithicNode {
         let logits = self
             .model
             .forward(&chunks, LogitsFor::LastToken)
-            .map_err(|e| StepError::Model(e.to_string()))?;
+            .map_err(StepError::compute)?;
         let mut out = StepOutput::default();
         for (e, row) in batch.entries.iter().zip(&logits) {
             let history = self.histories.entry(e.seq).or_default();

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::config::EndpointKind;
 use crate::connection::{Answer, Connection, ConnectionPool, HttpRequest, TransportError};
-use crate::error::Error;
+use crate::error::{Cause, Error};
 use crate::prompts::{Prompt, RequestSpec};
 use crate::record::{RequestOutcome, RequestRecorder, error_message};
 use crate::sse::{SseDecoder, SseEvent};
@@ -25,9 +25,10 @@ const DRAIN_AFTER_DONE: Duration = Duration::from_millis(500);
 pub async fn first_model(pool: &ConnectionPool, api_key: Option<&str>) -> Result<String, Error> {
     let path = format!("{}/v1/models", pool.base_path());
     let url = pool.url(&path);
-    let lookup_error = |reason: String| Error::ModelLookup {
+    let lookup_error = |reason: String, cause: Option<Cause>| Error::ModelLookup {
         url: url.clone(),
         reason,
+        cause,
     };
     let request = HttpRequest {
         method: Method::GET,
@@ -39,16 +40,16 @@ pub async fn first_model(pool: &ConnectionPool, api_key: Option<&str>) -> Result
     let answer = pool
         .send(&request, deadline)
         .await
-        .map_err(|e| lookup_error(e.to_string()))?;
+        .map_err(|e| lookup_error(e.to_string(), Some(Box::new(e))))?;
     let status = answer.response.status();
     let body = read_text(pool, answer, &request.path, deadline)
         .await
-        .map_err(|e| lookup_error(e.to_string()))?;
+        .map_err(|e| lookup_error(e.to_string(), Some(Box::new(e))))?;
     if !status.is_success() {
-        return Err(lookup_error(describe_http_error(status, &body)));
+        return Err(lookup_error(describe_http_error(status, &body), None));
     }
     let value: Value = serde_json::from_str(&body)
-        .map_err(|e| lookup_error(format!("the answer is not JSON ({e})")))?;
+        .map_err(|e| lookup_error(format!("the answer is not JSON ({e})"), Some(Box::new(e))))?;
     value
         .get("data")
         .and_then(Value::as_array)
@@ -56,7 +57,12 @@ pub async fn first_model(pool: &ConnectionPool, api_key: Option<&str>) -> Result
         .and_then(|m| m.get("id"))
         .and_then(Value::as_str)
         .map(str::to_string)
-        .ok_or_else(|| lookup_error("the answer lists no model (`data[0].id` missing)".into()))
+        .ok_or_else(|| {
+            lookup_error(
+                "the answer lists no model (`data[0].id` missing)".into(),
+                None,
+            )
+        })
 }
 
 /// The whole body of `answer` as text (invalid UTF-8 replaced); the connection goes back to

@@ -21,6 +21,9 @@ pub enum Error {
         url: String,
         /// What went wrong, in words.
         reason: String,
+        /// The failure behind it, when another crate reported one.
+        #[source]
+        cause: Option<Cause>,
     },
 
     /// Every warm-up request failed, so the measured run would only record failures.
@@ -51,6 +54,9 @@ pub enum Error {
         path: PathBuf,
         /// What went wrong.
         reason: String,
+        /// The failure behind it, when another crate reported one.
+        #[source]
+        cause: Option<Cause>,
     },
 
     /// A result, table or plot file could not be written.
@@ -60,6 +66,9 @@ pub enum Error {
         path: PathBuf,
         /// What went wrong.
         reason: String,
+        /// The failure behind it, when another crate reported one.
+        #[source]
+        cause: Option<Cause>,
     },
 
     /// A result file given to `compare` could not be read or is not a result.
@@ -72,6 +81,9 @@ pub enum Error {
         path: PathBuf,
         /// What was wrong with it.
         reason: String,
+        /// The failure behind it, when another crate reported one.
+        #[source]
+        cause: Option<Cause>,
     },
 
     /// The results given to `compare` cannot be compared as asked.
@@ -85,15 +97,26 @@ pub enum Error {
         path: PathBuf,
         /// What went wrong.
         reason: String,
+        /// The failure behind it, when another crate reported one.
+        #[source]
+        cause: Option<Cause>,
     },
 }
 
+/// A failure another crate reported (the OS, serde_json, plotters, the HTTP client), kept as
+/// the `source()` of an [`Error`] whose message already says what it said.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
 impl Error {
-    /// An `Output` error for `path` from any displayable cause.
-    pub(crate) fn output(path: impl Into<PathBuf>, reason: impl std::fmt::Display) -> Self {
+    /// An `Output` error for `path`, keeping the error that stopped the write as the cause.
+    pub(crate) fn output(
+        path: impl Into<PathBuf>,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
         Error::Output {
             path: path.into(),
-            reason: reason.to_string(),
+            reason: cause.to_string(),
+            cause: Some(Box::new(cause)),
         }
     }
 }

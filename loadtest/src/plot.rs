@@ -5,29 +5,29 @@
 //!   marked) and a timeline (requests in flight, output tokens per second);
 //! - a sweep: TPOT, TTFT and throughput against the swept concurrency or rate.
 
-use std::error::Error as StdError;
 use std::path::Path;
 
 use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use crate::error::Error;
+use crate::error::{Cause, Error};
 use crate::result::BenchmarkResult;
 use crate::stats::{MetricSummary, percentile_sorted};
 use crate::sweep::{SweepResult, format_value};
 
-type DrawResult = Result<(), Box<dyn StdError>>;
+type DrawResult = Result<(), Cause>;
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
 const FONT: &str = "sans-serif";
 const DARK_GREEN: RGBColor = RGBColor(0, 130, 60);
 const ORANGE: RGBColor = RGBColor(230, 120, 0);
 
-fn plot_error(path: &Path, e: Box<dyn StdError>) -> Error {
+fn plot_error(path: &Path, e: Cause) -> Error {
     Error::Plot {
         path: path.to_path_buf(),
         reason: e.to_string(),
+        cause: Some(e),
     }
 }
 

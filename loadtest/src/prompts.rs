@@ -336,6 +336,7 @@ fn read_prompt_file(path: &Path) -> Result<Vec<String>, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::PromptFile {
         path: path.to_path_buf(),
         reason: format!("could not read it ({e})"),
+        cause: Some(Box::new(e)),
     })?;
     let lines: Vec<String> = text
         .lines()
@@ -347,6 +348,7 @@ fn read_prompt_file(path: &Path) -> Result<Vec<String>, Error> {
         return Err(Error::PromptFile {
             path: path.to_path_buf(),
             reason: "it holds no prompts: write one prompt per line".into(),
+            cause: None,
         });
     }
     Ok(lines)

@@ -231,12 +231,12 @@ impl Checkpoint {
                 serde_json::from_str(&text).map_err(|e| Error::Json {
                     path: index_path.clone(),
                     what: "safetensors index",
-                    message: e.to_string(),
+                    source: e,
                 })?;
             let map = index
                 .get("weight_map")
                 .and_then(|m| m.as_object())
-                .ok_or_else(|| Error::Json {
+                .ok_or_else(|| Error::JsonContent {
                     path: index_path.clone(),
                     what: "safetensors index",
                     message: "no `weight_map` object".into(),
@@ -272,9 +272,9 @@ impl Checkpoint {
         // them. A file truncated underneath a running process is outside what we can defend.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         let (header_len, metadata) =
-            SafeTensors::read_metadata(&mmap).map_err(|e| Error::Safetensors {
+            SafeTensors::read_metadata(&mmap).map_err(|e| Error::SafetensorsHeader {
                 file: path.to_path_buf(),
-                message: e.to_string(),
+                source: e,
             })?;
         let data_start = 8 + header_len;
         let file_index = self.files.len();

@@ -16,15 +16,35 @@ pub enum Error {
         /// What the OS said.
         source: std::io::Error,
     },
-    /// A JSON file (config.json, the shard index, tokenizer_config.json) is not valid JSON or lacks a field.
-    #[error("{path} is not a valid {what}: {message}")]
+    /// A JSON file (config.json, the shard index, tokenizer_config.json) is not valid JSON or
+    /// does not have the fields its kind needs.
+    #[error("{path} is not a valid {what}: {source}")]
     Json {
         /// The file.
         path: PathBuf,
         /// What kind of file it should have been.
         what: &'static str,
-        /// The parser's message.
+        /// The parser's error.
+        source: serde_json::Error,
+    },
+    /// A JSON file parsed but lacks what its kind needs (the shard index without `weight_map`).
+    #[error("{path} is not a valid {what}: {message}")]
+    JsonContent {
+        /// The file.
+        path: PathBuf,
+        /// What kind of file it should have been.
+        what: &'static str,
+        /// What is missing.
         message: String,
+    },
+    /// A JSON file that afd writes (a synthetic checkpoint's config or safetensors header)
+    /// could not be serialized.
+    #[error("cannot write {path} as JSON: {source}")]
+    JsonWrite {
+        /// The file being written.
+        path: PathBuf,
+        /// The serializer's error.
+        source: serde_json::Error,
     },
     /// config.json parsed but describes something afd cannot run.
     #[error("{path}: {message}")]
@@ -43,12 +63,20 @@ pub enum Error {
         /// The checkpoint folder.
         dir: PathBuf,
     },
-    /// A safetensors file is corrupt or truncated.
+    /// A safetensors file's header cannot be parsed: the file is corrupt or truncated.
+    #[error("{file} is not a valid safetensors file ({source}); it may be truncated or corrupt")]
+    SafetensorsHeader {
+        /// The file.
+        file: PathBuf,
+        /// The parser's error.
+        source: safetensors::SafeTensorError,
+    },
+    /// A safetensors file's header parsed but disagrees with its data (a tensor's byte count).
     #[error("{file} is not a valid safetensors file ({message}); it may be truncated or corrupt")]
     Safetensors {
         /// The file.
         file: PathBuf,
-        /// The parser's message.
+        /// What disagrees.
         message: String,
     },
     /// A tensor the family needs is absent.
@@ -83,9 +111,20 @@ pub enum Error {
         /// The dtypes accepted here.
         expected: &'static str,
     },
-    /// The tokenizer could not be loaded or used.
+    /// The checkpoint has no tokenizer where one is needed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// tokenizer.json could not be loaded.
+    #[error("tokenizer: {}: {source}", path.display())]
+    TokenizerLoad {
+        /// The tokenizer.json file.
+        path: PathBuf,
+        /// The tokenizers crate's error.
+        source: tokenizers::Error,
+    },
+    /// Encoding or decoding with the loaded tokenizer failed.
+    #[error("tokenizer: {0}")]
+    TokenizerCodec(#[source] tokenizers::Error),
     /// A request to the reference forward is malformed (bad token id, unknown sequence, ...).
     #[error("invalid input: {0}")]
     InvalidInput(String),

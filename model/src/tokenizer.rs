@@ -34,7 +34,7 @@ fn read_json(path: &Path, what: &'static str) -> Result<Option<Value>> {
         .map_err(|e| Error::Json {
             path: path.to_path_buf(),
             what,
-            message: e.to_string(),
+            source: e,
         })
 }
 
@@ -69,8 +69,11 @@ impl ModelTokenizer {
                 path.display()
             )));
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner =
+            tokenizers::Tokenizer::from_file(&path).map_err(|source| Error::TokenizerLoad {
+                path: path.clone(),
+                source,
+            })?;
         let config = read_json(&dir.join("tokenizer_config.json"), "tokenizer_config.json")?;
         let jinja = dir.join("chat_template.jinja");
         let chat_template = if jinja.exists() {
@@ -116,7 +119,7 @@ impl ModelTokenizer {
         let enc = self
             .inner
             .encode(text, add_special_tokens)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+            .map_err(Error::TokenizerCodec)?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -124,7 +127,7 @@ impl ModelTokenizer {
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner
             .decode(ids, skip_special_tokens)
-            .map_err(|e| Error::Tokenizer(e.to_string()))
+            .map_err(Error::TokenizerCodec)
     }
 
     /// The id of a token string.

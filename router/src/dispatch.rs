@@ -83,7 +83,10 @@ impl Router {
             let thread = std::thread::Builder::new()
                 .name(format!("afd-engine-{index}"))
                 .spawn(move || engine.run())
-                .map_err(|e| Error::Config(format!("cannot start engine thread {index}: {e}")))?;
+                .map_err(|source| Error::EngineThread {
+                    node: index,
+                    source,
+                })?;
             handles.push(NodeHandle {
                 commands: tx,
                 shared,

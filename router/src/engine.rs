@@ -282,10 +282,12 @@ impl Engine {
                         node: self.index,
                         message: e.to_string(),
                     },
-                    StepError::Invalid(_) | StepError::Model(_) => GenerationError::Step {
-                        node: self.index,
-                        message: e.to_string(),
-                    },
+                    StepError::Invalid(_) | StepError::Model(_) | StepError::Compute(_) => {
+                        GenerationError::Step {
+                            node: self.index,
+                            message: e.to_string(),
+                        }
+                    }
                 };
                 for id in self.scheduler.fail_step(&out) {
                     self.fail_with(id, error.clone());

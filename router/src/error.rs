@@ -1,7 +1,7 @@
 //! The router's errors.
 
 /// What can go wrong when configuring the router or admitting a request.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The configuration cannot work.
     #[error("invalid router configuration: {0}")]
@@ -9,6 +9,14 @@ pub enum Error {
     /// The router has no attention node.
     #[error("no attention node: the router needs at least one")]
     NoNodes,
+    /// A node's engine thread could not be started (the machine is out of threads or memory).
+    #[error("cannot start engine thread {node}: {source}")]
+    EngineThread {
+        /// The node's index.
+        node: usize,
+        /// What the OS said.
+        source: std::io::Error,
+    },
     /// The request itself cannot be served (empty prompt, too long, ...).
     #[error("invalid request: {0}")]
     InvalidRequest(String),

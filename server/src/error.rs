@@ -185,7 +185,9 @@ impl From<router::Error> for ApiError {
             router::Error::NodeDown { .. }
             | router::Error::NoNodes
             | router::Error::CardsDown { .. } => ApiError::Unavailable(e.to_string()),
-            router::Error::Config(_) => ApiError::Internal(e.to_string()),
+            router::Error::Config(_) | router::Error::EngineThread { .. } => {
+                ApiError::Internal(e.to_string())
+            }
         }
     }
 }

@@ -155,12 +155,24 @@ pub enum StepError {
         /// What the transport said.
         reason: String,
     },
-    /// The model computation failed.
+    /// The model computation found something it cannot compute (a missing layer part, no
+    /// token sampled, ...).
     #[error("model error: {0}")]
     Model(String),
+    /// A tensor operation of the model computation failed (a model or candle error, kept as
+    /// the cause; `step` names no numerics crate, so it is boxed).
+    #[error("model error: {0}")]
+    Compute(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The node is unreachable (remote nodes).
     #[error("attention node unavailable: {0}")]
     Unavailable(String),
+}
+
+impl StepError {
+    /// A failed tensor operation of the model computation, keeping the error as the cause.
+    pub fn compute(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StepError::Compute(Box::new(e))
+    }
 }
 
 /// One attention node, driven by the router one step at a time.

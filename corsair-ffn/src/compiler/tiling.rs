@@ -129,8 +129,8 @@ impl StoredFormats {
     /// Reads `dtype` / `torch_dtype` of config.json (bf16 when absent), and MXFP4 experts when
     /// the config says the checkpoint is MXFP4-quantized.
     pub fn from_config_json(config_json: &str, config: &ModelConfig) -> Result<Self> {
-        let value: serde_json::Value = serde_json::from_str(config_json)
-            .map_err(|e| Error::Unsupported(format!("config.json is not valid JSON: {e}")))?;
+        let value: serde_json::Value =
+            serde_json::from_str(config_json).map_err(Error::ConfigJson)?;
         let dtype = value
             .get("dtype")
             .or_else(|| value.get("torch_dtype"))

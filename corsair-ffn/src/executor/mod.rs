@@ -108,7 +108,7 @@ impl Executor {
                 .thread_name(|i| format!("corsair-exec-{i}"))
                 .start_handler(move |i| pin_to_mask(mask, i))
                 .build()
-                .map_err(|e| Error::Request(format!("cannot start the executor's threads: {e}")))?;
+                .map_err(Error::ExecutorThreads)?;
             Some(std::sync::Arc::new(pool))
         };
         Ok(Executor {

@@ -32,6 +32,11 @@ fn status(e: ServiceError) -> Status {
     match e {
         ServiceError::Refused(m) => Status::failed_precondition(m),
         ServiceError::Invalid(m) => Status::invalid_argument(m),
+        e @ (ServiceError::AssignmentJson(_) | ServiceError::AttentionAddr(_)) => {
+            Status::invalid_argument(e.to_string())
+        }
+        e @ ServiceError::ReadConfig { .. } => Status::failed_precondition(e.to_string()),
+        e @ ServiceError::WorkerThread(_) => Status::internal(e.to_string()),
         ServiceError::Card(e) => Status::failed_precondition(e.to_string()),
         ServiceError::Transport(e) => Status::unavailable(e.to_string()),
     }

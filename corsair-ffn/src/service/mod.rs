@@ -43,6 +43,23 @@ pub enum ServiceError {
     /// The request is malformed.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The request's assignment is not a card assignment in JSON.
+    #[error("invalid request: assignment is not valid JSON: {0}")]
+    AssignmentJson(#[source] serde_json::Error),
+    /// The request's `attention_data_addr` is not a socket address.
+    #[error("invalid request: attention_data_addr: {0}")]
+    AttentionAddr(#[source] std::net::AddrParseError),
+    /// The checkpoint's config.json could not be read on this card's machine.
+    #[error("cannot read {}: {source}; the path must name the same checkpoint on every machine", path.display())]
+    ReadConfig {
+        /// The config.json path.
+        path: std::path::PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The card's worker thread could not be started (the machine is out of threads or memory).
+    #[error("cannot start a worker thread: {0}")]
+    WorkerThread(#[source] std::io::Error),
     /// Compiling or loading failed.
     #[error(transparent)]
     Card(#[from] crate::Error),
@@ -238,8 +255,8 @@ impl CardHost {
                 req.model_fingerprint
             )));
         }
-        let assignment: CardAssignment = serde_json::from_str(&req.assignment_json)
-            .map_err(|e| ServiceError::Invalid(format!("assignment is not valid JSON: {e}")))?;
+        let assignment: CardAssignment =
+            serde_json::from_str(&req.assignment_json).map_err(ServiceError::AssignmentJson)?;
         if assignment.card != me {
             return Err(ServiceError::Refused(format!(
                 "card {me} was sent the shard of card {}",
@@ -248,8 +265,11 @@ impl CardHost {
         }
         let config_path = dir.join("config.json");
         let config = ModelConfig::from_file(&config_path).map_err(crate::Error::from)?;
-        let config_text = std::fs::read_to_string(&config_path)
-            .map_err(|e| ServiceError::Invalid(format!("{}: {e}", config_path.display())))?;
+        let config_text =
+            std::fs::read_to_string(&config_path).map_err(|source| ServiceError::ReadConfig {
+                path: config_path.clone(),
+                source,
+            })?;
         let stored = StoredFormats::from_config_json(&config_text, &config)?;
         let format: FormatChoice = req.weight_format.parse().map_err(ServiceError::Invalid)?;
         let options = CompileOptions {
@@ -328,7 +348,7 @@ impl CardHost {
             let addr = req
                 .attention_data_addr
                 .parse()
-                .map_err(|e| ServiceError::Invalid(format!("attention_data_addr: {e}")))?;
+                .map_err(ServiceError::AttentionAddr)?;
             quic.add_peer(req.attention_node.clone(), addr);
         }
         let inbox = self.transport.register(
@@ -366,7 +386,7 @@ impl CardHost {
                 crate::executor::pin_to_mask(mask, 0);
                 worker.run()
             })
-            .map_err(|e| ServiceError::Invalid(format!("cannot start a worker thread: {e}")))?;
+            .map_err(ServiceError::WorkerThread)?;
         let previous = self
             .workers
             .lock()

@@ -17,10 +17,6 @@ use crate::kv_cache::KvCacheConfig;
 use crate::monolithic::validate_batch;
 use crate::sampler::{TokenHistory, sample_row};
 
-fn model_err(e: impl std::fmt::Display) -> StepError {
-    StepError::Model(e.to_string())
-}
-
 /// The whole model on a device as an attention node.
 #[derive(Debug)]
 pub struct DeviceMonolithicNode {
@@ -106,16 +102,21 @@ impl AttentionNode for DeviceMonolithicNode {
             }
         }
         let rope = self.rope.tables(&positions);
-        let (mut x, inputs) = self.compute.prepare(&spans, &rope).map_err(model_err)?;
+        let (mut x, inputs) = self
+            .compute
+            .prepare(&spans, &rope)
+            .map_err(StepError::compute)?;
         for layer in 0..self.compute.layers() {
             self.compute
                 .layer(layer, &mut x, &inputs)
-                .map_err(model_err)?;
+                .map_err(StepError::compute)?;
         }
         let logits = if last_rows.is_empty() {
             Vec::new()
         } else {
-            self.compute.logits(&x, &last_rows).map_err(model_err)?
+            self.compute
+                .logits(&x, &last_rows)
+                .map_err(StepError::compute)?
         };
         debug_assert_eq!(x.dtype(), DType::F32);
         let mut out = StepOutput::default();

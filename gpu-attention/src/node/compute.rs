@@ -21,10 +21,6 @@ use crate::device::{AttentionDevice, DeviceCompute, FfnInput};
 use crate::dispatch::{DispatchPlan, combine};
 use crate::kv_cache::{KvCacheConfig, PagedKvCache};
 
-fn model_err(e: impl std::fmt::Display) -> StepError {
-    StepError::Model(e.to_string())
-}
-
 /// One layer's host-path weights.
 struct HostLayer {
     input_norm: Tensor,
@@ -113,11 +109,11 @@ impl Compute {
                 let rows =
                     embed(&h.embed, tokens).map_err(|e| StepError::Invalid(e.to_string()))?;
                 let x = Tensor::from_vec(rows, (tokens.len(), config.hidden_size), &Device::Cpu)
-                    .map_err(model_err)?;
+                    .map_err(StepError::compute)?;
                 Ok((x, None))
             }
             Compute::Device(d) => {
-                let (x, inputs) = d.prepare(spans, rope).map_err(model_err)?;
+                let (x, inputs) = d.prepare(spans, rope).map_err(StepError::compute)?;
                 Ok((x, Some(inputs)))
             }
         }
@@ -138,7 +134,8 @@ impl Compute {
                 let inputs = mb.device.as_ref().ok_or_else(|| {
                     StepError::Invalid("a micro-batch without its device inputs".into())
                 })?;
-                d.attention(layer, &mut mb.x, inputs).map_err(model_err)
+                d.attention(layer, &mut mb.x, inputs)
+                    .map_err(StepError::compute)
             }
         }
     }
@@ -166,8 +163,9 @@ impl Compute {
                         }
                     }
                 }
-                let ffn = Tensor::from_vec(ffn, (rows, hidden), &Device::Cpu).map_err(model_err)?;
-                mb.x = (&mb.x + ffn).map_err(model_err)?;
+                let ffn = Tensor::from_vec(ffn, (rows, hidden), &Device::Cpu)
+                    .map_err(StepError::compute)?;
+                mb.x = (&mb.x + ffn).map_err(StepError::compute)?;
                 Ok(())
             }
             Compute::Device(d) => {
@@ -181,7 +179,8 @@ impl Compute {
                     }
                     flat.extend(part);
                 }
-                d.add_partials(&mut mb.x, tokens, flat).map_err(model_err)
+                d.add_partials(&mut mb.x, tokens, flat)
+                    .map_err(StepError::compute)
             }
         }
     }
@@ -192,14 +191,15 @@ impl Compute {
             Compute::Host(h) => {
                 let mut selected = Vec::with_capacity(rows.len());
                 for &r in rows {
-                    selected.push(mb.x.narrow(0, r, 1).map_err(model_err)?);
+                    selected.push(mb.x.narrow(0, r, 1).map_err(StepError::compute)?);
                 }
-                let selected = Tensor::cat(&selected, 0).map_err(model_err)?;
-                ops::to_f32_vec(&h.lm_head.norm(&selected).map_err(model_err)?).map_err(model_err)
+                let selected = Tensor::cat(&selected, 0).map_err(StepError::compute)?;
+                ops::to_f32_vec(&h.lm_head.norm(&selected).map_err(StepError::compute)?)
+                    .map_err(StepError::compute)
             }
             Compute::Device(d) => {
                 let rows: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-                d.final_rows(&mb.x, &rows).map_err(model_err)
+                d.final_rows(&mb.x, &rows).map_err(StepError::compute)
             }
         }
     }
@@ -225,10 +225,10 @@ impl HostCompute {
                 })
             })
             .collect::<model::Result<Vec<_>>>()
-            .map_err(model_err)?;
+            .map_err(StepError::compute)?;
         Ok(HostCompute {
             embed: weights.embed.clone(),
-            lm_head: LmHead::new(weights, &device).map_err(model_err)?,
+            lm_head: LmHead::new(weights, &device).map_err(StepError::compute)?,
             cache: PagedKvCache::new(config, kv.capacity(config)),
             layers,
         })
@@ -243,7 +243,7 @@ impl HostCompute {
     ) -> Result<FfnInput, StepError> {
         let eps = config.rms_norm_eps;
         let l = &self.layers[layer];
-        let h = ops::rms_norm(&mb.x, &l.input_norm, eps).map_err(model_err)?;
+        let h = ops::rms_norm(&mb.x, &l.input_norm, eps).map_err(StepError::compute)?;
         let mut view = self.cache.step(tables);
         let attn = l
             .attention
@@ -254,11 +254,12 @@ impl HostCompute {
                 &mb.rope,
                 &mut view as &mut dyn KvCache,
             )
-            .map_err(model_err)?;
-        mb.x = (&mb.x + attn).map_err(model_err)?;
-        let rows =
-            ops::to_f32_vec(&ops::rms_norm(&mb.x, &l.post_attention_norm, eps).map_err(model_err)?)
-                .map_err(model_err)?;
+            .map_err(StepError::compute)?;
+        mb.x = (&mb.x + attn).map_err(StepError::compute)?;
+        let rows = ops::to_f32_vec(
+            &ops::rms_norm(&mb.x, &l.post_attention_norm, eps).map_err(StepError::compute)?,
+        )
+        .map_err(StepError::compute)?;
         let routing = match config.layers[layer].ffn {
             FfnKind::Moe => {
                 let spec = config

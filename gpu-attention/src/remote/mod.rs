@@ -60,6 +60,8 @@ fn status(e: StepError) -> Status {
             Status::unavailable(e.to_string())
         }
         StepError::Model(m) => Status::internal(m),
+        // The cause crosses the wire as text; the other side reads it back as `Model`.
+        StepError::Compute(source) => Status::internal(source.to_string()),
     }
 }
 

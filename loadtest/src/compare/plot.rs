@@ -1,13 +1,12 @@
 //! Comparison plots (SVG, no fonts needed): one figure against concurrency, one line per
 //! variant, concurrencies spaced evenly (they are usually powers of two).
 
-use std::error::Error as StdError;
 use std::path::Path;
 
 use plotters::prelude::*;
 
 use super::{Comparison, Metric};
-use crate::error::Error;
+use crate::error::{Cause, Error};
 use crate::plot::{category_label, draw_lines};
 
 const FONT: &str = "sans-serif";
@@ -72,15 +71,11 @@ pub fn draw(
     draw_inner(comparison, kind, title, path).map_err(|e| Error::Plot {
         path: path.to_path_buf(),
         reason: e.to_string(),
+        cause: Some(e),
     })
 }
 
-fn draw_inner(
-    c: &Comparison,
-    kind: ComparePlot,
-    title: &str,
-    path: &Path,
-) -> Result<(), Box<dyn StdError>> {
+fn draw_inner(c: &Comparison, kind: ComparePlot, title: &str, path: &Path) -> Result<(), Cause> {
     let metric = kind.metric();
     let (caption, y_desc) = kind.texts();
     let n = c.concurrencies.len().max(1);

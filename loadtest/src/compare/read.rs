@@ -69,10 +69,24 @@ struct SummaryPointFields {
     result_file: Option<String>,
 }
 
-fn input_error(path: &Path, reason: impl std::fmt::Display) -> Error {
+fn input_error(path: &Path, reason: impl Into<String>) -> Error {
     Error::CompareInput {
         path: path.to_path_buf(),
-        reason: reason.to_string(),
+        reason: reason.into(),
+        cause: None,
+    }
+}
+
+/// An input error caused by another crate's failure; `reason` says what it said, in context.
+fn input_failure(
+    path: &Path,
+    reason: String,
+    cause: impl std::error::Error + Send + Sync + 'static,
+) -> Error {
+    Error::CompareInput {
+        path: path.to_path_buf(),
+        reason,
+        cause: Some(Box::new(cause)),
     }
 }
 
@@ -91,9 +105,13 @@ pub(crate) fn parse_result(
     path: &Path,
 ) -> Result<MeasuredPoint, Error> {
     let fields: ResultFields = serde_json::from_str(text).map_err(|e| {
-        input_error(
+        input_failure(
             path,
-            format!("not a result file ({e}); it needs vLLM's summary fields such as output_throughput and median_tpot_ms"),
+            format!(
+                "not a result file ({e}); it needs vLLM's summary fields such as \
+                 output_throughput and median_tpot_ms"
+            ),
+            e,
         )
     })?;
     let concurrency = fields.max_concurrency.ok_or_else(|| {
@@ -129,16 +147,16 @@ pub(crate) fn parse_result(
 }
 
 fn read_json(path: &Path) -> Result<(String, serde_json::Value), Error> {
-    let text = std::fs::read_to_string(path).map_err(|e| input_error(path, e))?;
+    let text = std::fs::read_to_string(path).map_err(|e| input_failure(path, e.to_string(), e))?;
     let value = serde_json::from_str(&text)
-        .map_err(|e| input_error(path, format!("not valid JSON: {e}")))?;
+        .map_err(|e| input_failure(path, format!("not valid JSON: {e}"), e))?;
     Ok((text, value))
 }
 
 /// The runs of a sweep summary, from the files its points name.
 fn read_summary(text: &str, label: Option<&str>, path: &Path) -> Result<Vec<MeasuredPoint>, Error> {
     let summary: SweepSummaryFields =
-        serde_json::from_str(text).map_err(|e| input_error(path, e))?;
+        serde_json::from_str(text).map_err(|e| input_failure(path, e.to_string(), e))?;
     if summary.sweep_parameter != "max_concurrency" {
         return Err(input_error(
             path,
@@ -170,7 +188,7 @@ pub fn read_input(spec: &InputSpec) -> Result<Vec<MeasuredPoint>, Error> {
     let label = spec.label.as_deref();
     let path = &spec.path;
     if path.is_dir() {
-        let entries = std::fs::read_dir(path).map_err(|e| input_error(path, e))?;
+        let entries = std::fs::read_dir(path).map_err(|e| input_failure(path, e.to_string(), e))?;
         let mut files: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "json"))

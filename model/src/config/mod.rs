@@ -212,7 +212,7 @@ impl ModelConfig {
         let value: serde_json::Value = serde_json::from_str(text).map_err(|e| Error::Json {
             path: path.to_path_buf(),
             what: "config.json",
-            message: e.to_string(),
+            source: e,
         })?;
         let model_type = value
             .get("model_type")
@@ -328,7 +328,7 @@ pub(crate) fn parse_family<T: for<'de> Deserialize<'de>>(
     serde_json::from_value(value).map_err(|e| Error::Json {
         path: path.to_path_buf(),
         what: "config.json",
-        message: e.to_string(),
+        source: e,
     })
 }
 

@@ -124,8 +124,10 @@ pub fn synthesize(
     );
     let write_json = |name: &str, v: &serde_json::Value| -> Result<()> {
         let path = out.join(name);
-        let text =
-            serde_json::to_string_pretty(v).map_err(|e| Error::InvalidInput(e.to_string()))?;
+        let text = serde_json::to_string_pretty(v).map_err(|source| Error::JsonWrite {
+            path: path.clone(),
+            source,
+        })?;
         std::fs::write(&path, text).map_err(|e| Error::io(&path, e))
     };
     write_json("config.json", &config)?;

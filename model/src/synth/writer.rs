@@ -50,7 +50,10 @@ pub fn write_safetensors(
         );
         offset += len;
     }
-    let mut header = serde_json::to_vec(&header).map_err(|e| Error::InvalidInput(e.to_string()))?;
+    let mut header = serde_json::to_vec(&header).map_err(|source| Error::JsonWrite {
+        path: path.to_path_buf(),
+        source,
+    })?;
     // Pad with spaces so the data starts 8-byte aligned, as the reference writer does.
     while (8 + header.len()) % 8 != 0 {
         header.push(b' ');
