@@ -117,8 +117,10 @@ pub fn matmul_with(
         register_blocks(count, tokens, &mut tile);
         (n0, buf)
     };
-    let tiles: Vec<(usize, Vec<f32>)> = if tasks == 1 {
-        vec![run(0)]
+    // With one thread in the pool, handing the tasks to it would only make this thread sleep
+    // while that one runs them (a wake-up each way, per product).
+    let tiles: Vec<(usize, Vec<f32>)> = if tasks == 1 || rayon::current_num_threads() == 1 {
+        (0..tasks).map(run).collect()
     } else {
         (0..tasks).into_par_iter().map(run).collect()
     };
