@@ -119,9 +119,9 @@ pub trait CardControl: Send + Sync {
 
 impl CardControl for CardHost {
     fn load_shard(&self, request: LoadShardRequest) -> Result<LoadShardReply> {
-        CardHost::load_shard(self, &request).map_err(|e| Error::Card {
+        CardHost::load_shard(self, &request).map_err(|source| Error::CardService {
             card: request.card_index as usize,
-            message: e.to_string(),
+            source: Box::new(source),
         })
     }
 
@@ -150,8 +150,7 @@ pub fn card_layout(config: &ModelConfig, assignments: &[CardAssignment]) -> Resu
         .iter()
         .map(|l| l.ffn == FfnKind::Moe)
         .collect();
-    let placement = ExpertPlacement::new(config.num_layers(), experts, &moe, &card_experts)
-        .map_err(|e| Error::Config(e.to_string()))?;
+    let placement = ExpertPlacement::new(config.num_layers(), experts, &moe, &card_experts)?;
     let dense_cards = assignments
         .iter()
         .filter(|a| {
@@ -215,8 +214,7 @@ pub fn connect_node(
             model_fingerprint: fingerprint.to_owned(),
             card_index: i as u32,
             num_cards: config.cards as u32,
-            assignment_json: serde_json::to_string(assignment)
-                .map_err(|e| Error::Config(e.to_string()))?,
+            assignment_json: serde_json::to_string(assignment).map_err(Error::AssignmentJson)?,
             weight_format: config.weight_format.to_string(),
             max_tokens: config.node.max_tokens as u32,
             allow_spill: config.allow_spill,
@@ -267,7 +265,7 @@ pub fn connect_node(
         Box::new(fabric),
         config.node.clone(),
     )
-    .map_err(|e| Error::Config(e.to_string()))?;
+    .map_err(Error::from)?;
     watch_cards(&node.board(), watched, quic.as_ref(), config.watch)?;
     Ok(node)
 }
@@ -323,18 +321,16 @@ impl EmbeddedCluster {
             .thread_name("afd-io")
             .enable_all()
             .build()
-            .map_err(|e| Error::Io(format!("cannot start the I/O runtime: {e}")))?;
+            .map_err(Error::system("cannot start the I/O runtime"))?;
         let model = ModelConfig::from_file(&config.model.join("config.json"))?;
-        let fingerprint =
-            model_fingerprint(&config.model).map_err(|e| Error::Config(e.to_string()))?;
+        let fingerprint = model_fingerprint(&config.model)?;
         let assignments = plan_placement(
             &model,
             &PlacementOptions {
                 cards: config.cards,
                 replicas: config.replicas.clone(),
             },
-        )
-        .map_err(|e| Error::Config(e.to_string()))?;
+        )?;
         let ca = match config.transport {
             TransportKind::Quic => Some(ClusterCa::generate()?),
             TransportKind::Inproc => None,
@@ -346,9 +342,7 @@ impl EmbeddedCluster {
                 .ok_or_else(|| Error::Config("no cluster CA".into()))?
                 .issue(name)?;
             let _guard = runtime.enter();
-            let listen = "127.0.0.1:0"
-                .parse()
-                .map_err(|e| Error::Config(format!("{e}")))?;
+            let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
             Ok(Arc::new(QuicTransport::bind(QuicConfig::new(
                 identity, listen,
             ))?))
@@ -451,5 +445,5 @@ impl Drop for EmbeddedCluster {
 
 /// The checkpoint's fingerprint (for refusing mismatched roles).
 pub fn fingerprint(model: &Path) -> Result<String> {
-    model_fingerprint(model).map_err(|e| Error::Config(e.to_string()))
+    Ok(model_fingerprint(model)?)
 }

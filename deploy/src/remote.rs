@@ -125,8 +125,7 @@ pub fn connect_remote_node(
             cards: card_addresses.len(),
             replicas: config.replicas.clone(),
         },
-    )
-    .map_err(|e| Error::Config(e.to_string()))?;
+    )?;
     let cards: Vec<Arc<dyn CardControl>> = card_addresses
         .iter()
         .enumerate()

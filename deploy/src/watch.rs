@@ -73,7 +73,7 @@ pub fn watch_cards(
         std::thread::Builder::new()
             .name(format!("afd-watch-card-{index}"))
             .spawn(move || watcher.run())
-            .map_err(|e| Error::Io(format!("cannot start a card watcher thread: {e}")))?;
+            .map_err(Error::system("cannot start a card watcher thread"))?;
     }
     Ok(())
 }

@@ -175,15 +175,15 @@ async fn run(rounds: usize, stats: bool, card_node: Handle) -> BenchResult<Figur
     tcp_rtt.measure(WARMUP_PINGS).await?;
     js_rtt.measure(WARMUP_PINGS).await?;
     for round in 0..rounds {
-        let mut tcp_round = tcp_rtt.measure(PINGS_PER_ROUND).await?;
-        let mut js_round = js_rtt.measure(PINGS_PER_ROUND).await?;
+        let tcp_round = tcp_rtt.measure(PINGS_PER_ROUND).await?;
+        let js_round = js_rtt.measure(PINGS_PER_ROUND).await?;
         let tcp = tcp_stream(&card_node, LAYERS_PER_ROUND).await?;
         let js = jet_stream(&attn, &card, &card_node, LAYERS_PER_ROUND).await?;
         println!(
             "round {round}: round trip p50 tcp {:.1} us, jetstream {:.1} us; \
              streaming tcp {:.2} GB/s, jetstream {:.2} GB/s",
-            micros(percentiles(&mut tcp_round).0),
-            micros(percentiles(&mut js_round).0),
+            micros(percentiles(&tcp_round).0),
+            micros(percentiles(&js_round).0),
             tcp / 1e9,
             js / 1e9
         );
@@ -198,16 +198,16 @@ async fn run(rounds: usize, stats: bool, card_node: Handle) -> BenchResult<Figur
             attn.connection_stats("card")
         );
     }
-    let (tcp_p50, tcp_p99) = percentiles(&mut tcp_samples);
-    let (js_p50, js_p99) = percentiles(&mut js_samples);
+    let (tcp_p50, tcp_p99) = percentiles(&tcp_samples);
+    let (js_p50, js_p99) = percentiles(&js_samples);
     Ok(Figures {
         tcp_p50,
         tcp_p99,
         js_p50,
         js_p99,
         samples: tcp_samples.len(),
-        tcp_throughput: median(&mut tcp_rate),
-        js_throughput: median(&mut js_rate),
+        tcp_throughput: loadtest::stats::median(&tcp_rate).unwrap_or(f64::NAN),
+        js_throughput: loadtest::stats::median(&js_rate).unwrap_or(f64::NAN),
         rounds,
     })
 }
@@ -216,15 +216,13 @@ fn micros(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e6
 }
 
-fn percentiles(samples: &mut [Duration]) -> (Duration, Duration) {
-    samples.sort_unstable();
-    let at = |fraction: f64| samples[((samples.len() - 1) as f64 * fraction).round() as usize];
-    (at(0.50), at(0.99))
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+/// The median and 99th percentile of `samples` (loadtest's statistics: numpy's linear
+/// interpolation, as the other benchmarks report them).
+fn percentiles(samples: &[Duration]) -> (Duration, Duration) {
+    let mut seconds: Vec<f64> = samples.iter().map(Duration::as_secs_f64).collect();
+    seconds.sort_by(f64::total_cmp);
+    let at = |p: f64| Duration::from_secs_f64(loadtest::stats::percentile_sorted(&seconds, p));
+    (at(50.0), at(99.0))
 }
 
 /// TCP ping-pong: the client sends 4 KB, the server (on the card node) reads them and sends

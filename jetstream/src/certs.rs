@@ -25,8 +25,8 @@ const CA_NAME: &str = "afd cluster CA";
 const CA_CERT_FILE: &str = "ca.pem";
 const CA_KEY_FILE: &str = "ca.key.pem";
 
-fn cert_error(what: &str) -> impl FnOnce(rcgen::Error) -> Error + '_ {
-    move |error| Error::Certificate(format!("{what}: {error}"))
+fn cert_error(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
+    move |source| Error::CertificateKey { what, source }
 }
 
 /// The CA parameters are fixed, so a CA loaded back from its key and certificate issues
@@ -179,11 +179,11 @@ impl NodeIdentity {
                     key_path.display()
                 )));
             }
-            Err(error) => {
-                return Err(Error::Certificate(format!(
-                    "{}: {error}",
-                    key_path.display()
-                )));
+            Err(source) => {
+                return Err(Error::Pem {
+                    path: key_path.display().to_string(),
+                    source,
+                });
             }
         };
         let ca = read_certificate(&dir.join(CA_CERT_FILE))?;
@@ -258,8 +258,10 @@ fn base64_encode(bytes: &[u8]) -> String {
 }
 
 fn read_certificate(path: &Path) -> Result<CertificateDer<'static>> {
-    CertificateDer::from_pem_slice(&read_file(path)?)
-        .map_err(|error| Error::Certificate(format!("{}: {error}", path.display())))
+    CertificateDer::from_pem_slice(&read_file(path)?).map_err(|source| Error::Pem {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 fn create_dir(dir: &Path) -> Result<()> {

@@ -32,14 +32,14 @@ pub enum Error {
     },
 
     /// A connection could not be set up.
-    #[error("could not connect to peer `{peer}` at {addr}: {reason}")]
+    #[error("could not connect to peer `{peer}` at {addr}: {source}")]
     Connect {
         /// The node name of the peer.
         peer: String,
         /// The address that was dialled.
         addr: SocketAddr,
-        /// What went wrong (TLS failures say which side refused).
-        reason: String,
+        /// Why: quinn's error, or what the peer answered instead of accepting our hello.
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// The peer has no region with this id (never registered, or dropped since).
@@ -132,6 +132,37 @@ pub enum Error {
     #[error("TLS configuration: {0}")]
     Tls(String),
 
+    /// rustls refused a part of the TLS configuration (the CA certificate, the node's key).
+    #[error("TLS configuration: {what}: {source}")]
+    TlsSetup {
+        /// The part being set up.
+        what: &'static str,
+        /// rustls's error.
+        source: rustls::Error,
+    },
+
+    /// The verifier of client certificates could not be built from the cluster CA.
+    #[error("TLS configuration: client certificate verifier: {0}")]
+    TlsVerifier(#[source] rustls::server::VerifierBuilderError),
+
+    /// The TLS configuration offers no cipher suite QUIC can start with.
+    #[error("TLS configuration: {what}: {source}")]
+    QuicCrypto {
+        /// Which side (server or client crypto).
+        what: &'static str,
+        /// quinn's error.
+        source: quinn::crypto::rustls::NoInitialCipherSuite,
+    },
+
+    /// A QUIC tuning value is out of quinn's range.
+    #[error("invalid configuration: QuicTuning::{setting}: {source}")]
+    Tuning {
+        /// The field of `QuicTuning`.
+        setting: &'static str,
+        /// quinn's error.
+        source: quinn::ConfigError,
+    },
+
     /// A setting is out of range or the environment is wrong.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -139,6 +170,33 @@ pub enum Error {
     /// Making, reading or checking a certificate failed.
     #[error("certificate: {0}")]
     Certificate(String),
+
+    /// Making a key or a certificate, or reading the CA key, failed in rcgen.
+    #[error("certificate: {what}: {source}")]
+    CertificateKey {
+        /// What was being made or read.
+        what: &'static str,
+        /// rcgen's error.
+        source: rcgen::Error,
+    },
+
+    /// A PEM file does not hold the certificate or key it should (`afd certs` writes them).
+    #[error("certificate: {path}: {source}")]
+    Pem {
+        /// The file.
+        path: String,
+        /// The PEM parser's error.
+        source: rustls::pki_types::pem::Error,
+    },
+
+    /// The peer's certificate does not parse, or is not for the name the peer claims.
+    #[error("certificate: {what}: {source}")]
+    PeerCertificate {
+        /// What was checked.
+        what: String,
+        /// rustls's error.
+        source: rustls::Error,
+    },
 
     /// A file could not be read or written.
     #[error("{path}: {source}")]

@@ -29,17 +29,23 @@ fn roots(identity: &NodeIdentity) -> Result<Arc<RootCertStore>> {
     let mut roots = RootCertStore::empty();
     roots
         .add(identity.ca.clone())
-        .map_err(|error| Error::Tls(format!("the cluster CA certificate: {error}")))?;
+        .map_err(|source| Error::TlsSetup {
+            what: "the cluster CA certificate",
+            source,
+        })?;
     Ok(Arc::new(roots))
 }
 
 /// Server side: presents the node certificate and requires a client certificate signed by the
 /// cluster CA.
 pub(crate) fn server_config(identity: &NodeIdentity) -> Result<rustls::ServerConfig> {
-    let tls = |error: rustls::Error| Error::Tls(format!("server configuration: {error}"));
+    let tls = |source| Error::TlsSetup {
+        what: "server configuration",
+        source,
+    };
     let verifier = WebPkiClientVerifier::builder_with_provider(roots(identity)?, provider())
         .build()
-        .map_err(|error| Error::Tls(format!("client certificate verifier: {error}")))?;
+        .map_err(Error::TlsVerifier)?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls)?
@@ -52,7 +58,10 @@ pub(crate) fn server_config(identity: &NodeIdentity) -> Result<rustls::ServerCon
 
 /// Client side: trusts only the cluster CA and presents the node certificate.
 pub(crate) fn client_config(identity: &NodeIdentity) -> Result<rustls::ClientConfig> {
-    let tls = |error: rustls::Error| Error::Tls(format!("client configuration: {error}"));
+    let tls = |source| Error::TlsSetup {
+        what: "client configuration",
+        source,
+    };
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls)?
@@ -69,15 +78,16 @@ pub(crate) fn verify_peer_name(chain: &[CertificateDer<'_>], claimed: &str) -> R
     let end_entity = chain
         .first()
         .ok_or_else(|| Error::Certificate("the peer presented no certificate".into()))?;
-    let parsed = ParsedCertificate::try_from(end_entity).map_err(|error| {
-        Error::Certificate(format!("the peer certificate does not parse: {error}"))
-    })?;
+    let parsed =
+        ParsedCertificate::try_from(end_entity).map_err(|source| Error::PeerCertificate {
+            what: "the peer certificate does not parse".into(),
+            source,
+        })?;
     let name = ServerName::try_from(claimed).map_err(|_| Error::InvalidNodeName {
         name: claimed.to_owned(),
     })?;
-    rustls::client::verify_server_name(&parsed, &name).map_err(|error| {
-        Error::Certificate(format!(
-            "the peer claims to be `{claimed}` but its certificate is not for that name: {error}"
-        ))
+    rustls::client::verify_server_name(&parsed, &name).map_err(|source| Error::PeerCertificate {
+        what: format!("the peer claims to be `{claimed}` but its certificate is not for that name"),
+        source,
     })
 }

@@ -122,7 +122,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source)
-            .map_err(|e| Error::ChatTemplate(e.to_string()))?;
+            .map_err(Error::ChatTemplate)?;
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.unwrap_or_default(),

@@ -207,16 +207,16 @@ impl From<router::GenerationError> for ApiError {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The checkpoint's tokenizer or config could not be loaded.
-    #[error("loading the model in {dir}: {message}")]
+    #[error("loading the model in {dir}: {source}")]
     Model {
         /// The checkpoint folder.
         dir: String,
         /// What failed.
-        message: String,
+        source: model::Error,
     },
     /// The chat template does not compile.
     #[error("the chat template does not compile: {0}")]
-    ChatTemplate(String),
+    ChatTemplate(#[source] minijinja::Error),
     /// The address could not be bound.
     #[error(
         "cannot listen on {addr}: {source}; is another server using the port? pick another with --port"

@@ -1,6 +1,6 @@
 //! The server's configuration and the state every handler shares.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -142,13 +142,6 @@ impl std::fmt::Debug for AppState {
     }
 }
 
-fn model_error(dir: &Path, message: impl ToString) -> Error {
-    Error::Model {
-        dir: dir.display().to_string(),
-        message: message.to_string(),
-    }
-}
-
 impl AppState {
     /// Loads the tokenizer and template of `config.model_dir` around a running `router`.
     pub fn new(
@@ -157,7 +150,10 @@ impl AppState {
         afd_stats: Option<Arc<dyn AfdStatsSource>>,
     ) -> Result<Self, Error> {
         let dir = config.model_dir.clone();
-        let tokenizer = ModelTokenizer::load(&dir).map_err(|e| model_error(&dir, e))?;
+        let tokenizer = ModelTokenizer::load(&dir).map_err(|source| Error::Model {
+            dir: dir.display().to_string(),
+            source,
+        })?;
         let model_config = ModelConfig::from_file(&dir.join("config.json")).ok();
         let family = model_config.as_ref().map(|c| c.family);
         let vocab_size = model_config

@@ -26,9 +26,9 @@ use super::Args;
 
 const BLOCK: usize = 16;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+/// Median of `v` (loadtest's statistics, numpy's interpolation); NaN when empty.
+fn median(v: Vec<f64>) -> f64 {
+    loadtest::stats::median(&v).unwrap_or(f64::NAN)
 }
 
 fn token(i: usize, p: usize, vocab: usize) -> u32 {

@@ -82,25 +82,26 @@ pub enum ModelSource {
 impl Deployment {
     /// Reads and validates a deployment file; relative paths are resolved against its folder.
     pub fn load(path: &Path) -> Result<Deployment> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::Io(format!(
-                "cannot read the deployment file {}: {e}",
-                path.display()
-            ))
-        })?;
+        let text = std::fs::read_to_string(path).map_err(Error::system(format!(
+            "cannot read the deployment file {}",
+            path.display()
+        )))?;
         let base = path
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
         let mut d = Self::from_toml(&text, &base)
-            .map_err(|e| Error::Config(format!("deployment file {}: {e}", path.display())))?;
+            .map_err(|e| e.within(format!("deployment file {}", path.display())))?;
         d.source = path.to_path_buf();
         Ok(d)
     }
 
     /// Parses and validates deployment text; relative paths are resolved against `base_dir`.
     pub fn from_toml(text: &str, base_dir: &Path) -> Result<Deployment> {
-        let mut d: Deployment = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        let mut d: Deployment = toml::from_str(text).map_err(|source| Error::Toml {
+            what: "not a valid deployment",
+            source,
+        })?;
         d.base_dir = base_dir.to_path_buf();
         d.source = base_dir.join("<text>");
         d.resolve_paths();
@@ -110,7 +111,7 @@ impl Deployment {
 
     /// This deployment as TOML text (resolved paths included).
     pub fn to_toml(&self) -> Result<String> {
-        toml::to_string_pretty(self).map_err(|e| Error::Config(e.to_string()))
+        toml::to_string_pretty(self).map_err(Error::TomlWrite)
     }
 
     fn resolve_paths(&mut self) {
@@ -274,13 +275,11 @@ impl Deployment {
         match self.model_source()? {
             ModelSource::Checkpoint(dir) => {
                 let path = dir.join("config.json");
-                let text = std::fs::read_to_string(&path).map_err(|e| {
-                    Error::Io(format!(
-                        "{}: cannot read {} (is `model.path` a checkpoint folder?): {e}",
-                        self.source.display(),
-                        path.display()
-                    ))
-                })?;
+                let text = std::fs::read_to_string(&path).map_err(Error::system(format!(
+                    "{}: cannot read {} (is `model.path` a checkpoint folder?)",
+                    self.source.display(),
+                    path.display()
+                )))?;
                 Ok((text, path))
             }
             ModelSource::Shape {
@@ -382,17 +381,13 @@ impl Deployment {
         if name == "corsair" {
             return Ok(corsair_ffn::HardwareProfile::default());
         }
-        let text = std::fs::read_to_string(name).map_err(|e| {
-            Error::Io(format!(
-                "{}: `cards.profile = \"{name}\"`: not `corsair` and not a readable profile file: {e}",
-                self.source.display()
-            ))
-        })?;
-        corsair_ffn::HardwareProfile::from_toml(&text).map_err(|e| {
-            Error::Config(format!(
-                "{}: `cards.profile` {name}: {e}",
-                self.source.display()
-            ))
+        let text = std::fs::read_to_string(name).map_err(Error::system(format!(
+            "{}: `cards.profile = \"{name}\"`: not `corsair` and not a readable profile file",
+            self.source.display()
+        )))?;
+        corsair_ffn::HardwareProfile::from_toml(&text).map_err(|source| Error::Cards {
+            what: format!("{}: `cards.profile` {name}", self.source.display()),
+            source: Box::new(source),
         })
     }
 
@@ -455,7 +450,7 @@ pub fn shape_config_json(family: Family, preset: Preset) -> Result<String> {
     let path = dir.join("config.json");
     let text = made.and_then(|_| {
         std::fs::read_to_string(&path)
-            .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))
+            .map_err(Error::system(format!("cannot read {}", path.display())))
     });
     // Best effort: a scratch folder left behind is harmless.
     let _ = std::fs::remove_dir_all(&dir);

@@ -97,12 +97,12 @@ impl Manifests {
     /// Writes one YAML file per group into `dir` (created if missing); returns the paths.
     pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
         std::fs::create_dir_all(dir)
-            .map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(Error::system(format!("cannot create {}", dir.display())))?;
         let mut written = Vec::new();
         for (name, objects) in &self.files {
             let path = dir.join(name);
             std::fs::write(&path, yaml_stream(objects.iter())?)
-                .map_err(|e| Error::Io(format!("cannot write {}: {e}", path.display())))?;
+                .map_err(Error::system(format!("cannot write {}", path.display())))?;
             written.push(path);
         }
         Ok(written)
@@ -113,10 +113,7 @@ fn yaml_stream<'a>(objects: impl Iterator<Item = &'a Value>) -> Result<String> {
     let mut out = String::new();
     for object in objects {
         out.push_str("---\n");
-        out.push_str(
-            &serde_norway::to_string(&conventional_order(object)?)
-                .map_err(|e| Error::Config(format!("cannot write YAML: {e}")))?,
-        );
+        out.push_str(&serde_norway::to_string(&conventional_order(object)?).map_err(Error::Yaml)?);
     }
     Ok(out)
 }
@@ -124,9 +121,7 @@ fn yaml_stream<'a>(objects: impl Iterator<Item = &'a Value>) -> Result<String> {
 /// The object with `apiVersion`, `kind` and `metadata` first, as manifests are read.
 fn conventional_order(object: &Value) -> Result<serde_norway::Value> {
     const FIRST: [&str; 3] = ["apiVersion", "kind", "metadata"];
-    let convert = |v: &Value| {
-        serde_norway::to_value(v).map_err(|e| Error::Config(format!("cannot write YAML: {e}")))
-    };
+    let convert = |v: &Value| serde_norway::to_value(v).map_err(Error::Yaml);
     let Value::Object(fields) = object else {
         return convert(object);
     };
@@ -150,14 +145,12 @@ pub fn load_tls(dir: &Path, nodes: &[String]) -> Result<BTreeMap<String, String>
     }
     for name in names {
         let path = dir.join(&name);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            Error::Io(format!(
-                "cannot read {}: {e}; make the certificates with `afd certs --out {} --nodes {}`",
-                path.display(),
-                dir.display(),
-                nodes.join(",")
-            ))
-        })?;
+        let text = std::fs::read_to_string(&path).map_err(Error::system(format!(
+            "cannot read {} (make the certificates with `afd certs --out {} --nodes {}`)",
+            path.display(),
+            dir.display(),
+            nodes.join(",")
+        )))?;
         files.insert(name, text);
     }
     Ok(files)
@@ -227,13 +220,11 @@ pub fn render(d: &Deployment, options: &K8sOptions) -> Result<Manifests> {
         }
     };
     let card_profile = if is_path_like(&d.cards.profile) {
-        let text = std::fs::read_to_string(&d.cards.profile).map_err(|e| {
-            Error::Io(format!(
-                "{}: cannot read the card profile {}: {e}",
-                d.source.display(),
-                d.cards.profile
-            ))
-        })?;
+        let text = std::fs::read_to_string(&d.cards.profile).map_err(Error::system(format!(
+            "{}: cannot read the card profile {}",
+            d.source.display(),
+            d.cards.profile
+        )))?;
         Some(text)
     } else {
         None

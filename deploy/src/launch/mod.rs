@@ -45,7 +45,7 @@ fn free_port(ip: std::net::IpAddr) -> Result<u16> {
     TcpListener::bind(SocketAddr::new(ip, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| Error::Io(format!("cannot find a free port on {ip}: {e}")))
+        .map_err(Error::system(format!("cannot find a free port on {ip}")))
 }
 
 /// Where the processes of `d` listen, after the command line's overrides.
@@ -119,19 +119,17 @@ pub fn launch(options: &UpOptions) -> Result<Ended> {
     let deployment = Deployment::load(&options.file)?;
     let addresses = addresses(&deployment, options)?;
     // Attention nodes read the file themselves; an absolute path survives any working folder.
-    let file = std::path::absolute(&options.file).map_err(|e| {
-        Error::Io(format!(
-            "cannot make {} absolute: {e}",
-            options.file.display()
-        ))
-    })?;
+    let file = std::path::absolute(&options.file).map_err(Error::system(format!(
+        "cannot make {} absolute",
+        options.file.display()
+    )))?;
     let (certs, _scratch) = match &deployment.transport.tls_dir {
         Some(dir) => (dir.clone(), None),
         None => {
             let scratch = tempfile::Builder::new()
                 .prefix("afd-up-certs-")
                 .tempdir()
-                .map_err(|e| Error::Io(format!("cannot make a folder for certificates: {e}")))?;
+                .map_err(Error::system("cannot make a folder for certificates"))?;
             jetstream::write_cluster(scratch.path(), &addresses.tls_names())?;
             (scratch.path().to_path_buf(), Some(scratch))
         }
@@ -157,7 +155,7 @@ pub fn launch(options: &UpOptions) -> Result<Ended> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::Io(format!("cannot start the launcher's runtime: {e}")))?;
+        .map_err(Error::system("cannot start the launcher's runtime"))?;
     let supervisor = Supervisor::new(options.supervisor.clone());
     runtime.block_on(supervisor.run(&plan, stop_requested()))
 }

@@ -356,14 +356,12 @@ impl Supervisor {
                 command.pre_exec(move || die_with_parent(parent));
             }
         }
-        let mut child = command.spawn().map_err(|e| {
-            Error::Io(format!(
-                "cannot start {} ({} {}): {e}",
-                spec.role,
-                self.config.program.display(),
-                spec.args.join(" ")
-            ))
-        })?;
+        let mut child = command.spawn().map_err(Error::system(format!(
+            "cannot start {} ({} {})",
+            spec.role,
+            self.config.program.display(),
+            spec.args.join(" ")
+        )))?;
         let pid = child.id().unwrap_or(0);
         let name = spec.role.name();
         if let Some(out) = child.stdout.take() {

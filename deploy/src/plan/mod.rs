@@ -140,8 +140,11 @@ pub struct CardLoss {
 
 /// For each card, whether a node keeps serving without it under `placement`.
 pub fn card_losses(config: &ModelConfig, placement: &PlacementOptions) -> Result<Vec<CardLoss>> {
-    let assignments = corsair_ffn::plan_placement(config, placement)
-        .map_err(|e| Error::Config(format!("placing the model on the cards: {e}")))?;
+    let assignments =
+        corsair_ffn::plan_placement(config, placement).map_err(|source| Error::Cards {
+            what: "placing the model on the cards".into(),
+            source: Box::new(source),
+        })?;
     let layout = crate::cluster::card_layout(config, &assignments)?;
     Ok((0..placement.cards)
         .map(|card| {
@@ -240,7 +243,10 @@ pub fn plan(
                 .collect(),
         };
         let compiled = compile_deployment(config, stored, &placement, &options, &profiles.card)
-            .map_err(|e| Error::Config(format!("placing the model on the cards: {e}")))?;
+            .map_err(|source| Error::Cards {
+                what: "placing the model on the cards".into(),
+                source: Box::new(source),
+            })?;
         let losses = card_losses(config, &placement)?;
         let mut per_card = Vec::new();
         let mut programs = Vec::new();
@@ -381,14 +387,12 @@ fn load_profile<T>(
     if !is_path_like(value)
         && let Some(p) = builtin(value)
     {
-        return p.map_err(|e| Error::Config(format!("built-in profile `{value}`: {e}")));
+        return p.map_err(|e| e.within(format!("built-in profile `{value}`")));
     }
-    let text = std::fs::read_to_string(value).map_err(|e| {
-        Error::Config(format!(
-            "`{key} = \"{value}\"` is neither a built-in profile nor a readable file: {e}"
-        ))
-    })?;
-    parse(&text).map_err(|e| Error::Config(format!("`{key}` {value}: {e}")))
+    let text = std::fs::read_to_string(value).map_err(Error::system(format!(
+        "`{key} = \"{value}\"` is neither a built-in profile nor a readable file"
+    )))?;
+    parse(&text).map_err(|e| e.within(format!("`{key}` {value}")))
 }
 
 /// Reads the profiles a deployment names.
@@ -423,11 +427,13 @@ pub fn plan_deployment(d: &Deployment) -> Result<Plan> {
             config.family
         )));
     }
-    let stored = StoredFormats::from_config_json(&text, &config)
-        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    let stored =
+        StoredFormats::from_config_json(&text, &config).map_err(|source| Error::Cards {
+            what: path.display().to_string(),
+            source: Box::new(source),
+        })?;
     let profiles = load_profiles(d)?;
-    plan(d, &config, &stored, &profiles)
-        .map_err(|e| Error::Config(format!("{}: {e}", d.source.display())))
+    plan(d, &config, &stored, &profiles).map_err(|e| e.within(d.source.display().to_string()))
 }
 
 #[cfg(test)]

@@ -107,9 +107,11 @@ pub struct NetworkProfile {
 /// Checks that every key listed in `assumed` and `calibrated` exists in the TOML text (the same
 /// check as the card's profile: [`corsair_ffn::profile::check_listed_keys`]).
 fn check_listed(text: &str, lists: &[(&str, &[String])]) -> Result<()> {
-    let value: toml::Value =
-        toml::from_str(text).map_err(|e| Error::Config(format!("not valid TOML: {e}")))?;
-    check_listed_keys(&value, lists).map_err(|e| Error::Config(e.to_string()))
+    let value: toml::Value = toml::from_str(text).map_err(|source| Error::Toml {
+        what: "not valid TOML",
+        source,
+    })?;
+    Ok(check_listed_keys(&value, lists)?)
 }
 
 fn positive(what: &str, values: &[(&str, f64)]) -> Result<()> {
@@ -126,8 +128,10 @@ fn positive(what: &str, values: &[(&str, f64)]) -> Result<()> {
 impl DeviceProfile {
     /// Parses and validates a device profile.
     pub fn from_toml(text: &str) -> Result<Self> {
-        let p: DeviceProfile = toml::from_str(text)
-            .map_err(|e| Error::Config(format!("not a valid device profile: {e}")))?;
+        let p: DeviceProfile = toml::from_str(text).map_err(|source| Error::Toml {
+            what: "not a valid device profile",
+            source,
+        })?;
         check_listed(
             text,
             &[("assumed", &p.assumed), ("calibrated", &p.calibrated)],
@@ -173,8 +177,10 @@ impl DeviceProfile {
 impl NetworkProfile {
     /// Parses and validates a network profile.
     pub fn from_toml(text: &str) -> Result<Self> {
-        let p: NetworkProfile = toml::from_str(text)
-            .map_err(|e| Error::Config(format!("not a valid network profile: {e}")))?;
+        let p: NetworkProfile = toml::from_str(text).map_err(|source| Error::Toml {
+            what: "not a valid network profile",
+            source,
+        })?;
         check_listed(
             text,
             &[("assumed", &p.assumed), ("calibrated", &p.calibrated)],

@@ -53,45 +53,45 @@ pub(crate) async fn connect(shared: &Arc<Shared>, peer: &str) -> Result<Arc<Peer
             peer: peer.to_owned(),
         })?;
     let timeout = shared.tuning.connect_timeout;
-    let connect_error = |reason: String| Error::Connect {
+    let connect_error = |source: Box<dyn std::error::Error + Send + Sync>| Error::Connect {
         peer: peer.to_owned(),
         addr,
-        reason,
+        source,
     };
     let connection = async {
         let connecting = shared
             .endpoint
             .connect_with(shared.path_configs(addr).client.clone(), addr, peer)
-            .map_err(|error| connect_error(error.to_string()))?;
+            .map_err(|error| connect_error(error.into()))?;
         let connection = connecting
             .await
-            .map_err(|error| connect_error(error.to_string()))?;
+            .map_err(|error| connect_error(error.into()))?;
         // Claim our name on a control stream; the peer checks it against our certificate.
         let (mut send, recv) = connection
             .open_bi()
             .await
-            .map_err(|error| connect_error(error.to_string()))?;
+            .map_err(|error| connect_error(error.into()))?;
         let hello = Frame::Hello {
             node: shared.node.to_string(),
         }
         .to_vec();
         send.write_all(&hello)
             .await
-            .map_err(|error| connect_error(error.to_string()))?;
+            .map_err(|error| connect_error(error.into()))?;
         let mut reader = FrameReader::new(recv, 0);
         match reader.next_frame().await {
             Ok(Some(Frame::HelloAck)) => Ok(connection),
-            Ok(other) => Err(connect_error(format!(
-                "expected a hello acknowledgment, got {other:?}"
-            ))),
+            Ok(other) => Err(connect_error(
+                format!("expected a hello acknowledgment, got {other:?}").into(),
+            )),
             Err(error) => {
                 // The peer says why in its close frame, when it closed the connection.
                 let reason = connection
                     .close_reason()
                     .map_or_else(|| error.to_string(), |reason| reason.to_string());
-                Err(connect_error(format!(
-                    "the peer refused our hello: {reason}"
-                )))
+                Err(connect_error(
+                    format!("the peer refused our hello: {reason}").into(),
+                ))
             }
         }
     };

@@ -285,12 +285,13 @@ pub(crate) struct PathConfigs {
 impl PathConfigs {
     fn new(identity: &NodeIdentity, tuning: &QuicTuning, loopback: bool) -> Result<Self> {
         let transport = Arc::new(transport_config(tuning, loopback)?);
+        let crypto = |what| move |source| Error::QuicCrypto { what, source };
         let server_crypto = QuicServerConfig::try_from(tls::server_config(identity)?)
-            .map_err(|error| Error::Tls(format!("QUIC server crypto: {error}")))?;
+            .map_err(crypto("QUIC server crypto"))?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
         server.transport_config(transport.clone());
         let client_crypto = QuicClientConfig::try_from(tls::client_config(identity)?)
-            .map_err(|error| Error::Tls(format!("QUIC client crypto: {error}")))?;
+            .map_err(crypto("QUIC client crypto"))?;
         let mut client = quinn::ClientConfig::new(Arc::new(client_crypto));
         client.transport_config(transport);
         Ok(Self {
@@ -332,7 +333,10 @@ impl QuicTransport {
         let mut endpoint_config = quinn::EndpointConfig::default();
         endpoint_config
             .max_udp_payload_size(config.tuning.max_udp_payload.max(1200))
-            .map_err(|error| Error::Config(format!("QuicTuning::max_udp_payload: {error}")))?;
+            .map_err(|source| Error::Tuning {
+                setting: "max_udp_payload",
+                source,
+            })?;
         let bind = |source| Error::Bind {
             addr: config.listen,
             source,
