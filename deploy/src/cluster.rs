@@ -280,6 +280,9 @@ pub fn attention_name(j: usize) -> String {
     format!("attn-{j}")
 }
 
+/// Certificate name of a frontend (every frontend replica shares it).
+pub const FRONTEND_NAME: &str = "frontend";
+
 /// A deployment in this process: cards as threads, attention nodes ready to step.
 pub struct EmbeddedCluster {
     /// The cards.

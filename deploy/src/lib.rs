@@ -8,6 +8,7 @@
 //! Must not: hold model numerics or protocol logic of its own; it wires the other crates together.
 
 pub mod cluster;
+pub mod control_plane;
 pub mod deployment;
 pub mod error;
 pub mod k8s;

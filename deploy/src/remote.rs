@@ -14,8 +14,9 @@ use proto::control::card_client::CardClient;
 use proto::control::{HealthReply, HealthRequest, LoadShardReply, LoadShardRequest};
 
 use crate::cluster::{
-    CardControl, ClusterConfig, NodeTransport, attention_name, connect_node, fingerprint,
+    CardControl, ClusterConfig, NodeTransport, attention_name, card_name, connect_node, fingerprint,
 };
+use crate::control_plane;
 use crate::error::{Error, Result};
 use crate::watch::HeartbeatError;
 
@@ -45,22 +46,24 @@ pub fn grpc_url(address: &str) -> String {
 }
 
 impl GrpcCard {
-    /// Connects to card `index` at `address` (from a plain thread).
-    pub fn connect(index: usize, address: &str, runtime: tokio::runtime::Handle) -> Result<Self> {
+    /// Connects to card `index` at `address` as `identity` (an attention node's), over the
+    /// control plane's TLS (from a plain thread).
+    pub fn connect(
+        index: usize,
+        address: &str,
+        identity: &NodeIdentity,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self> {
         let url = grpc_url(address);
-        let endpoint =
-            tonic::transport::Endpoint::from_shared(url.clone()).map_err(|e| Error::Card {
-                card: index,
-                message: format!("bad address {address}: {e}"),
-            })?;
-        let client = runtime
-            .block_on(CardClient::connect(endpoint))
+        let channel = runtime
+            .block_on(control_plane::connect(&url, &card_name(index), identity))
             .map_err(|e| Error::Card {
                 card: index,
                 message: format!(
                     "cannot reach the card at {url}: {e}; is `afd card --id {index}` running there?"
                 ),
             })?;
+        let client = CardClient::new(channel);
         Ok(GrpcCard {
             index,
             address: url,
@@ -126,15 +129,15 @@ pub fn connect_remote_node(
             replicas: config.replicas.clone(),
         },
     )?;
+    let identity = NodeIdentity::read_pem(certs, &attention_name(id))?;
     let cards: Vec<Arc<dyn CardControl>> = card_addresses
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            GrpcCard::connect(i, a, runtime.handle().clone())
+            GrpcCard::connect(i, a, &identity, runtime.handle().clone())
                 .map(|c| Arc::new(c) as Arc<dyn CardControl>)
         })
         .collect::<Result<_>>()?;
-    let identity = NodeIdentity::read_pem(certs, &attention_name(id))?;
     let transport = {
         let _guard = runtime.enter();
         Arc::new(QuicTransport::bind(QuicConfig::new(identity, data_listen))?)
@@ -158,20 +161,28 @@ pub fn connect_remote_node(
 }
 
 /// Connects a frontend to running `afd attention` processes at `addresses` (`host:port` or
-/// URLs), in order, retrying each for up to `patience` while it is still starting (loading
-/// weights, connecting its cards). The nodes drive their gRPC channels on `runtime`; call from a
-/// plain thread.
+/// URLs; the j-th is `attn-j`), in order, as `identity` (the frontend's) over the control
+/// plane's TLS, retrying each for up to `patience` while it is still starting (loading weights,
+/// connecting its cards). The nodes drive their gRPC channels on `runtime`; call from a plain
+/// thread.
 pub fn connect_attention_nodes(
     addresses: &[String],
+    identity: &NodeIdentity,
     patience: std::time::Duration,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<Vec<gpu_attention::remote::RemoteNode>> {
     let deadline = std::time::Instant::now() + patience;
     let mut nodes = Vec::with_capacity(addresses.len());
-    for address in addresses {
+    for (j, address) in addresses.iter().enumerate() {
         let url = grpc_url(address);
         let node = loop {
-            match gpu_attention::remote::RemoteNode::connect(&url, runtime.handle().clone()) {
+            let attempt = runtime
+                .block_on(control_plane::connect(&url, &attention_name(j), identity))
+                .map_err(|e| step::StepError::Unavailable(format!("{url}: {e}")))
+                .and_then(|channel| {
+                    gpu_attention::remote::RemoteNode::new(channel, &url, runtime.handle().clone())
+                });
+            match attempt {
                 Ok(node) => break node,
                 Err(e) if std::time::Instant::now() >= deadline => {
                     return Err(Error::Config(format!(

@@ -160,25 +160,41 @@ fn listen_address(up: &Up, name: &str) -> String {
     words[i + 1].to_string()
 }
 
-/// The standard gRPC health check (grpc.health.v1), as Kubernetes' grpc probe sends it.
-fn grpc_health_serving(address: &str) -> bool {
+/// The standard gRPC health check (grpc.health.v1) of node `server` at `address`, over the
+/// control plane's TLS as the frontend of afd up's certificates; without TLS it is refused.
+fn grpc_health_serving(up: &Up, address: &str, server: &str) -> bool {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
+    let certs = up
+        .log
+        .iter()
+        .find_map(|l| {
+            l.split_once("TLS material in ")
+                .map(|(_, d)| d.trim().to_owned())
+        })
+        .expect("afd up names its certificate folder");
+    let identity = jetstream::NodeIdentity::read_pem(Path::new(&certs), "frontend").unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        let url = format!("http://{address}");
+        let request = || HealthCheckRequest {
+            service: String::new(),
+        };
+        let plain = tonic::transport::Endpoint::from_shared(url.clone())
             .unwrap()
             .connect()
+            .await;
+        if let Ok(channel) = plain {
+            assert!(HealthClient::new(channel).check(request()).await.is_err());
+        }
+        let channel = deploy::control_plane::connect(&url, server, &identity)
             .await
             .unwrap();
-        let mut client = HealthClient::new(channel);
-        let reply = client
-            .check(HealthCheckRequest {
-                service: String::new(),
-            })
+        let reply = HealthClient::new(channel)
+            .check(request())
             .await
             .unwrap()
             .into_inner();
@@ -222,8 +238,16 @@ fn afd_up_serves_a_completion_and_stops_every_process() {
         got,
         generate_alone(&model, &prompt, deployment.cards.count, 8)
     );
-    assert!(grpc_health_serving(&listen_address(&up, "card-0")));
-    assert!(grpc_health_serving(&listen_address(&up, "attention-0")));
+    assert!(grpc_health_serving(
+        &up,
+        &listen_address(&up, "card-0"),
+        "card-0"
+    ));
+    assert!(grpc_health_serving(
+        &up,
+        &listen_address(&up, "attention-0"),
+        "attn-0"
+    ));
 
     send(up.child.id(), libc::SIGTERM);
     let status = up.wait_exit(Duration::from_secs(60));

@@ -142,6 +142,7 @@ fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
     for node in (0..nodes)
         .map(|j| format!("attn-{j}"))
         .chain((0..cards).map(|k| format!("card-{k}")))
+        .chain(["frontend".to_owned()])
     {
         want.insert(format!("{node}.pem"));
         want.insert(format!("{node}.key.pem"));
@@ -173,13 +174,20 @@ fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
             assert!(volumes.contains_key(m["name"].as_str().unwrap()), "{m}");
         }
         let probe = &c["readinessProbe"];
-        let port = if probe["grpc"].is_object() {
-            &probe["grpc"]["port"]
+        let port = if probe["tcpSocket"].is_object() {
+            assert_ne!(
+                args(c)[0],
+                "frontend",
+                "the frontend's probe is GET /health"
+            );
+            &probe["tcpSocket"]["port"]
         } else {
             &probe["httpGet"]["port"]
         };
         container_port(c, port);
         let a = args(c);
+        // Every role, the frontend too, has its certificate for the control plane's TLS.
+        assert_eq!(flag(&a, "--certs"), deploy::k8s::TLS_MOUNT);
         let listen = if a[0] == "frontend" {
             flag(&a, "--port")
         } else {
@@ -280,7 +288,7 @@ fn several_cards_and_attention_nodes_written_to_a_folder_are_wired() {
     let certs = dir.path().join("certs");
     let made = Command::new(AFD)
         .args(["certs", "--out", certs.to_str().unwrap()])
-        .args(["--nodes", "attn-0,attn-1,card-0,card-1,card-2"])
+        .args(["--nodes", "attn-0,attn-1,card-0,card-1,card-2,frontend"])
         .output()
         .unwrap();
     assert!(made.status.success());

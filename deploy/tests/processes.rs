@@ -14,7 +14,7 @@ mod common;
 use common::{AFD, Proc, afd_ok, expected, fixture, free_port, greedy_requests};
 
 fn certs(dir: &Path, cards: usize) {
-    let mut nodes = vec!["attn-0".to_owned()];
+    let mut nodes = vec!["attn-0".to_owned(), "frontend".to_owned()];
     nodes.extend((0..cards).map(|i| format!("card-{i}")));
     afd_ok(|c| {
         c.args(["certs", "--out"])
@@ -71,13 +71,16 @@ fn wait_for_ports(ports: &[u16]) {
     }
 }
 
-fn connect(port: u16, runtime: &tokio::runtime::Runtime) -> RemoteNode {
+fn connect(port: u16, certs: &Path, runtime: &tokio::runtime::Runtime) -> RemoteNode {
     let deadline = Instant::now() + Duration::from_secs(120);
+    let identity = jetstream::NodeIdentity::read_pem(certs, "frontend").unwrap();
+    let url = format!("http://127.0.0.1:{port}");
     loop {
-        match RemoteNode::connect(
-            &format!("http://127.0.0.1:{port}"),
-            runtime.handle().clone(),
-        ) {
+        let attempt = runtime
+            .block_on(deploy::control_plane::connect(&url, "attn-0", &identity))
+            .map_err(step::StepError::Unavailable)
+            .and_then(|channel| RemoteNode::new(channel, &url, runtime.handle().clone()));
+        match attempt {
             Ok(n) => return n,
             Err(e) => {
                 assert!(
@@ -115,7 +118,7 @@ fn card_and_attention_processes_generate_and_a_dead_card_is_a_clear_error() {
         .enable_all()
         .build()
         .unwrap();
-    let mut node = connect(attn_port, &runtime);
+    let mut node = connect(attn_port, dir.path(), &runtime);
     let cases = expected(&model);
     let got = driver::generate(&mut node, &greedy_requests(&cases), 0).unwrap();
     for (i, (g, (_, want))) in got.iter().zip(&cases).enumerate() {
@@ -169,5 +172,110 @@ fn a_card_with_the_wrong_model_or_shard_is_refused_at_load() {
         dir.path(),
         &fixture("qwen3-moe"),
     ));
-    assert!(err.contains("this is card 1"), "{err}");
+    // The control plane's TLS refuses it by name before anything is loaded.
+    assert!(
+        err.contains("not valid for name \"card-0\"") && err.contains("card-1"),
+        "{err}"
+    );
+}
+
+/// The outcome of `call` on a channel to `server` at `port` as `identity`: `Err` with the
+/// failure (handshake or status) when refused.
+fn call_as<T>(
+    runtime: &tokio::runtime::Runtime,
+    port: u16,
+    server: &str,
+    identity: &jetstream::NodeIdentity,
+    call: impl AsyncFnOnce(tonic::transport::Channel) -> Result<T, tonic::Status>,
+) -> Result<T, String> {
+    runtime.block_on(async {
+        let url = format!("http://127.0.0.1:{port}");
+        let channel = deploy::control_plane::connect(&url, server, identity).await?;
+        call(channel)
+            .await
+            .map_err(|s| format!("{:?}: {}", s.code(), s.message()))
+    })
+}
+
+#[test]
+fn the_control_plane_answers_only_nodes_of_its_cluster_in_the_right_role() {
+    use proto::control::attention_client::AttentionClient;
+    use proto::control::card_client::CardClient;
+    use proto::control::{FreeRequest, HealthRequest, LoadShardRequest};
+
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), 1);
+    let foreign = tempfile::tempdir().unwrap();
+    certs(foreign.path(), 1);
+    let identity = |dir: &Path, node: &str| jetstream::NodeIdentity::read_pem(dir, node).unwrap();
+    let model = fixture("gpt-oss-mxfp4");
+    let card_port = free_port();
+    let _card = card(0, card_port, dir.path(), None);
+    wait_for_ports(&[card_port]);
+    let attn_port = free_port();
+    let _attention = Proc(
+        attention_cmd(&[card_port], attn_port, dir.path(), &model)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The right role: the attention node loaded the card's shard, and the frontend steps it.
+    let node = connect(attn_port, dir.path(), &runtime);
+    drop(node);
+    let card_health = async |c| CardClient::new(c).health(HealthRequest {}).await;
+    let attention_health = async |c| AttentionClient::new(c).health(HealthRequest {}).await;
+    let free = async |c| {
+        AttentionClient::new(c)
+            .free(FreeRequest { seqs: vec![1, 2] })
+            .await
+    };
+    let attn = identity(dir.path(), "attn-0");
+    let reply = call_as(&runtime, card_port, "card-0", &attn, card_health).unwrap();
+    assert!(reply.into_inner().attached.contains(&"attn-0".to_owned()));
+    let frontend = identity(dir.path(), "frontend");
+    call_as(&runtime, attn_port, "attn-0", &frontend, attention_health).unwrap();
+    call_as(&runtime, attn_port, "attn-0", &frontend, free).unwrap();
+
+    // The wrong role: a card may not free sequences, a frontend may not load a shard.
+    let card_identity = identity(dir.path(), "card-0");
+    let err = call_as(&runtime, attn_port, "attn-0", &card_identity, free).unwrap_err();
+    assert!(err.contains("PermissionDenied"), "{err}");
+    assert!(err.contains("`card-0` (a card)"), "{err}");
+    let load = async |c| {
+        CardClient::new(c)
+            .load_shard(LoadShardRequest {
+                attention_node: "attn-0".into(),
+                ..Default::default()
+            })
+            .await
+    };
+    let err = call_as(&runtime, card_port, "card-0", &frontend, load).unwrap_err();
+    assert!(err.contains("PermissionDenied"), "{err}");
+    assert!(err.contains("it answers attention nodes only"), "{err}");
+
+    // Another cluster's certificates: refused in the handshake, LoadShard and Free included.
+    let rogue = identity(foreign.path(), "attn-0");
+    assert!(call_as(&runtime, card_port, "card-0", &rogue, load).is_err());
+    let rogue_frontend = identity(foreign.path(), "frontend");
+    assert!(call_as(&runtime, attn_port, "attn-0", &rogue_frontend, free).is_err());
+    // Plaintext: no answer either.
+    let plain = runtime.block_on(async {
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{card_port}"))
+                .unwrap()
+                .connect()
+                .await
+                .map_err(|e| e.to_string())?;
+        card_health(channel).await.map_err(|s| s.to_string())
+    });
+    assert!(plain.is_err());
+    // The services still serve their own cluster afterwards.
+    call_as(&runtime, card_port, "card-0", &attn, card_health).unwrap();
+    call_as(&runtime, attn_port, "attn-0", &frontend, attention_health).unwrap();
 }

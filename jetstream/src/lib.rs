@@ -137,4 +137,5 @@ pub use region::{
     RegionViewMut,
 };
 pub use ticket::{WriteReceipt, WriteTicket};
+pub use tls::{control_client_config, control_server_config, peer_node_name, verify_peer_name};
 pub use transport::{BoxFuture, Channel, Limits, Transport, WriteRequest, validate_node_name};

@@ -4,8 +4,9 @@
 //! `NAME-card-K.NAME-card` that attention nodes dial; each attention node is a Deployment with
 //! its own Service (each has its own identity: JetStream name `attn-J` and certificate); the
 //! frontend is a Deployment with a Service. A ConfigMap holds the deployment file the attention
-//! nodes read, a Secret the TLS material. Readiness probes: the standard gRPC health service on
-//! the cards' and attention nodes' control ports, `GET /health` on the frontend.
+//! nodes read, a Secret the TLS material. Readiness probes: a TCP connect to the cards' and
+//! attention nodes' control ports (mutual TLS, which the kubelet's grpc probe cannot speak),
+//! `GET /health` on the frontend.
 //!
 //! JetStream's data plane is direct pod-to-pod QUIC: cards and attention nodes bind their UDP
 //! port on their pod IP (`$(POD_IP)`, from the downward API), which is the address they report
@@ -156,11 +157,12 @@ pub fn load_tls(dir: &Path, nodes: &[String]) -> Result<BTreeMap<String, String>
     Ok(files)
 }
 
-/// JetStream names needing a certificate: `attn-J` and `card-K`.
+/// Node names needing a certificate: `attn-J`, `card-K` and `frontend`.
 pub fn tls_names(d: &Deployment) -> Vec<String> {
     (0..d.attention.nodes)
         .map(crate::cluster::attention_name)
         .chain((0..d.cards.count).map(crate::cluster::card_name))
+        .chain(std::iter::once(crate::cluster::FRONTEND_NAME.to_owned()))
         .collect()
 }
 

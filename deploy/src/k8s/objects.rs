@@ -215,8 +215,11 @@ impl Builder<'_> {
         c
     }
 
-    fn grpc_probe(port: u16) -> Value {
-        json!({"grpc": {"port": port}, "initialDelaySeconds": 2, "periodSeconds": 5, "failureThreshold": 3})
+    /// The control port accepts connections. Not Kubernetes' grpc probe: the control plane is
+    /// mutual TLS, which the kubelet's probe does not speak; an attention node listens only
+    /// once its cards are connected, a card as soon as it can take a shard.
+    fn control_probe(port: u16) -> Value {
+        json!({"tcpSocket": {"port": port}, "initialDelaySeconds": 2, "periodSeconds": 5, "failureThreshold": 3})
     }
 
     fn pod_spec(&self, container: Value) -> Value {
@@ -250,7 +253,7 @@ impl Builder<'_> {
             {"name": "grpc", "containerPort": p.card, "protocol": "TCP"},
             {"name": "jetstream", "containerPort": p.card_data, "protocol": "UDP"},
         ]);
-        let container = self.container("card", args, env, ports, Self::grpc_probe(p.card));
+        let container = self.container("card", args, env, ports, Self::control_probe(p.card));
         let service = json!({
             "apiVersion": "v1",
             "kind": "Service",
@@ -308,7 +311,7 @@ impl Builder<'_> {
             args,
             vec![Self::pod_ip_env()],
             ports,
-            Self::grpc_probe(p.attention),
+            Self::control_probe(p.attention),
         );
         let labels = self.node_labels(j);
         let mut metadata = self.metadata(&name, "attention");

@@ -9,6 +9,8 @@ use proto::control::card_client::CardClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::plan::HealthCheck;
+use crate::cluster::{FRONTEND_NAME, attention_name, card_name};
+use crate::control_plane;
 use crate::remote::grpc_url;
 
 /// How long one probe may take before it counts as "not yet".
@@ -27,21 +29,25 @@ pub async fn probe(check: &HealthCheck) -> Result<(), String> {
 
 async fn probe_once(check: &HealthCheck) -> Result<(), String> {
     match check {
-        HealthCheck::Card(address) => {
-            let mut client = CardClient::connect(grpc_url(address))
-                .await
-                .map_err(|e| e.to_string())?;
-            client
+        HealthCheck::Card {
+            address,
+            index,
+            certs,
+        } => {
+            let channel = connect(address, &card_name(*index), certs, &attention_name(0)).await?;
+            CardClient::new(channel)
                 .health(HealthRequest {})
                 .await
                 .map(|_| ())
                 .map_err(|s| s.message().to_owned())
         }
-        HealthCheck::Attention(address) => {
-            let mut client = AttentionClient::connect(grpc_url(address))
-                .await
-                .map_err(|e| e.to_string())?;
-            let reply = client
+        HealthCheck::Attention {
+            address,
+            index,
+            certs,
+        } => {
+            let channel = connect(address, &attention_name(*index), certs, FRONTEND_NAME).await?;
+            let reply = AttentionClient::new(channel)
                 .health(HealthRequest {})
                 .await
                 .map_err(|s| s.message().to_owned())?
@@ -57,6 +63,17 @@ async fn probe_once(check: &HealthCheck) -> Result<(), String> {
             status => Err(format!("GET {path} answered {status}")),
         },
     }
+}
+
+/// A control-plane channel to node `server` at `address`, as node `me` of `certs`.
+async fn connect(
+    address: &str,
+    server: &str,
+    certs: &std::path::Path,
+    me: &str,
+) -> Result<tonic::transport::Channel, String> {
+    let identity = jetstream::NodeIdentity::read_pem(certs, me).map_err(|e| e.to_string())?;
+    control_plane::connect(&grpc_url(address), server, &identity).await
 }
 
 /// The status code of `GET path` on `address` (HTTP/1.1, `Connection: close`).
@@ -118,9 +135,20 @@ mod tests {
             .unwrap()
             .port();
         let address = format!("127.0.0.1:{port}");
+        let certs = tempfile::tempdir().unwrap();
+        jetstream::write_cluster(certs.path(), &["attn-0".into(), "frontend".into()]).unwrap();
+        let certs = certs.path().to_path_buf();
         for check in [
-            HealthCheck::Card(address.clone()),
-            HealthCheck::Attention(address.clone()),
+            HealthCheck::Card {
+                address: address.clone(),
+                index: 0,
+                certs: certs.clone(),
+            },
+            HealthCheck::Attention {
+                address: address.clone(),
+                index: 0,
+                certs,
+            },
             HealthCheck::Http {
                 address: address.clone(),
                 path: "/health".into(),

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::cluster::{TransportKind, attention_name, card_name};
+use crate::cluster::{FRONTEND_NAME, TransportKind, attention_name, card_name};
 use crate::deployment::{Deployment, is_path_like};
 use crate::error::{Error, Result};
 
@@ -40,10 +40,27 @@ impl std::fmt::Display for Role {
 /// How a launcher tells that a process is ready.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HealthCheck {
-    /// The card's gRPC `Card.Health` answers at this `host:port`.
-    Card(String),
-    /// The attention node's gRPC `Attention.Health` says ready at this `host:port`.
-    Attention(String),
+    /// Card `index`'s gRPC `Card.Health` answers at `address` (`host:port`), asked over the
+    /// control plane's TLS as attention node 0 (whose identity is in `certs`): cards answer
+    /// attention nodes only.
+    Card {
+        /// `host:port`.
+        address: String,
+        /// The card's index (its certificate is `card-INDEX`).
+        index: usize,
+        /// The certificate folder.
+        certs: PathBuf,
+    },
+    /// Attention node `index`'s gRPC `Attention.Health` says ready at `address`, asked as the
+    /// frontend (identity in `certs`).
+    Attention {
+        /// `host:port`.
+        address: String,
+        /// The node's index (its certificate is `attn-INDEX`).
+        index: usize,
+        /// The certificate folder.
+        certs: PathBuf,
+    },
     /// `GET path` answers 200 at this `host:port`.
     Http {
         /// `host:port`.
@@ -123,6 +140,7 @@ impl Addresses {
         (0..self.attention.len())
             .map(attention_name)
             .chain((0..self.cards.len()).map(card_name))
+            .chain(std::iter::once(FRONTEND_NAME.to_owned()))
             .collect()
     }
 }
@@ -258,6 +276,8 @@ pub fn frontend_args(
         port.to_string(),
         "--attention-addrs".into(),
         attention.join(","),
+        "--certs".into(),
+        paths.certs.clone(),
         "--max-num-seqs".into(),
         d.attention.max_num_seqs.to_string(),
         "--max-model-len".into(),
@@ -318,7 +338,11 @@ pub fn plan(d: &Deployment, addresses: &Addresses, files: &LaunchFiles) -> Resul
             role: Role::Card(k),
             args: card_args(d, &paths, &k.to_string(), &listen.to_string(), None),
             env: Vec::new(),
-            health: HealthCheck::Card(reachable(*listen)),
+            health: HealthCheck::Card {
+                address: reachable(*listen),
+                index: k,
+                certs: files.certs.clone(),
+            },
         });
     }
     let cards: Vec<String> = addresses.cards.iter().map(|a| reachable(*a)).collect();
@@ -327,7 +351,11 @@ pub fn plan(d: &Deployment, addresses: &Addresses, files: &LaunchFiles) -> Resul
             role: Role::Attention(j),
             args: attention_args(&paths, j, &listen.to_string(), None, &cards),
             env: Vec::new(),
-            health: HealthCheck::Attention(reachable(*listen)),
+            health: HealthCheck::Attention {
+                address: reachable(*listen),
+                index: j,
+                certs: files.certs.clone(),
+            },
         });
     }
     let attention: Vec<String> = addresses.attention.iter().map(|a| reachable(*a)).collect();
@@ -402,7 +430,14 @@ mod tests {
             .collect();
         for (k, p) in plan.processes[..3].iter().enumerate() {
             assert_eq!(arg(p, "--id"), k.to_string());
-            assert_eq!(p.health, HealthCheck::Card(cards[k].clone()));
+            assert_eq!(
+                p.health,
+                HealthCheck::Card {
+                    address: cards[k].clone(),
+                    index: k,
+                    certs: files().certs,
+                }
+            );
         }
         let mut attention = Vec::new();
         for (j, p) in plan.processes[3..5].iter().enumerate() {
@@ -413,6 +448,7 @@ mod tests {
         }
         let frontend = &plan.processes[5];
         assert_eq!(arg(frontend, "--attention-addrs"), attention.join(","));
+        assert_eq!(arg(frontend, "--certs"), arg(&plan.processes[0], "--certs"));
         assert_eq!(arg(frontend, "--served-model-name"), "ckpt");
         let port = arg(frontend, "--port");
         assert!(plan.url.ends_with(&format!(":{port}")), "{}", plan.url);
@@ -422,7 +458,7 @@ mod tests {
         assert_eq!(all.len(), 5, "two roles share an address");
         assert_eq!(
             addresses.tls_names(),
-            ["attn-0", "attn-1", "card-0", "card-1", "card-2"]
+            ["attn-0", "attn-1", "card-0", "card-1", "card-2", "frontend"]
         );
     }
 

@@ -142,6 +142,8 @@ impl Cluster {
             Command::new(AFD)
                 .arg("frontend")
                 .args(["--attention-addrs", &format!("127.0.0.1:{attention_port}")])
+                .arg("--certs")
+                .arg(&certs)
                 .arg("--model")
                 .arg(&cluster.opts.model)
                 .args(["--port", &cluster.http.to_string()])

@@ -149,14 +149,15 @@ fn from_status(address: &str, s: Status) -> StepError {
 }
 
 impl RemoteNode {
-    /// Connects to the node at `address` (`http://host:port`); call from a plain thread, with a
-    /// handle of the runtime that will drive the gRPC channel.
-    pub fn connect(address: &str, runtime: tokio::runtime::Handle) -> Result<Self, StepError> {
-        let endpoint = tonic::transport::Endpoint::from_shared(address.to_owned())
-            .map_err(|e| unavailable(address, e))?;
-        let mut client = runtime
-            .block_on(AttentionClient::connect(endpoint))
-            .map_err(|e| unavailable(address, e))?;
+    /// Drives the node at `address` (for messages) over `channel` (connected by the caller,
+    /// with the control plane's TLS); call from a plain thread, with a handle of the runtime
+    /// that drives the channel.
+    pub fn new(
+        channel: tonic::transport::Channel,
+        address: &str,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, StepError> {
+        let mut client = AttentionClient::new(channel);
         let c = runtime
             .block_on(client.kv_capacity(pb::KvCapacityRequest {}))
             .map_err(|s| from_status(address, s))?

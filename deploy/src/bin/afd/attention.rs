@@ -9,11 +9,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use deploy::cluster::ClusterConfig;
+use deploy::cluster::{ClusterConfig, attention_name};
+use deploy::control_plane::{self, Role};
 use deploy::deployment::{Deployment, ServerSection};
 use deploy::remote::connect_remote_node;
 use deploy::shutdown::{CountedNode, StopSignals};
 use gpu_attention::remote::AttentionService;
+use jetstream::NodeIdentity;
 
 use crate::cluster_args::NodeArgs;
 
@@ -122,6 +124,8 @@ pub fn run(args: AttentionArgs) -> anyhow::Result<()> {
             )
         })?;
     let kv = step::AttentionNode::kv_capacity(&node);
+    let identity = NodeIdentity::read_pem(&args.certs, &attention_name(args.id))
+        .with_context(|| format!("reading attn-{}'s certificate", args.id))?;
     let node = CountedNode::new(Box::new(node));
     let live = node.live();
     let service = AttentionService::new(Box::new(node)).into_server();
@@ -129,6 +133,7 @@ pub fn run(args: AttentionArgs) -> anyhow::Result<()> {
     runtime
         .block_on(async {
             let mut signals = StopSignals::install()?;
+            let incoming = control_plane::incoming(args.listen, &identity).await?;
             eprintln!(
                 "attention node {id} serving {} on {} with {} cards; computing on {}, KV cache \
                  of {} blocks of {} tokens",
@@ -140,13 +145,9 @@ pub fn run(args: AttentionArgs) -> anyhow::Result<()> {
                 kv.block_size
             );
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let server = tonic::transport::Server::builder()
-                .add_service(service)
-                // The standard gRPC health service too, for Kubernetes' grpc probes.
-                .add_service(tonic_health::server::health_reporter().1)
-                .serve_with_shutdown(args.listen, async {
-                    let _ = stopped.await;
-                });
+            let server = control_plane::serve(service, Role::Frontend, incoming, async {
+                let _ = stopped.await;
+            });
             tokio::pin!(server);
             let signal = tokio::select! {
                 served = &mut server => return served.map_err(anyhow::Error::from),

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use corsair_ffn::service::grpc::CardService;
 use corsair_ffn::service::{CardHost, CardHostConfig, DataPlane};
 use corsair_ffn::{ExecOptions, HardwareProfile};
+use deploy::control_plane::{self, Role};
 use deploy::shutdown::StopSignals;
 use jetstream::{NodeIdentity, QuicConfig, QuicTransport};
 
@@ -67,9 +68,13 @@ pub fn run(args: CardArgs) -> anyhow::Result<()> {
         .unwrap_or(SocketAddr::new(args.listen.ip(), 0));
     let transport = {
         let _guard = runtime.enter();
-        Arc::new(QuicTransport::bind(QuicConfig::new(identity, data_listen))?)
+        Arc::new(QuicTransport::bind(QuicConfig::new(
+            identity.clone(),
+            data_listen,
+        ))?)
     };
     let data_addr = transport.local_addr()?;
+    let control_identity = identity;
     let host = Arc::new(CardHost::new(
         CardHostConfig {
             index: args.id,
@@ -88,19 +93,16 @@ pub fn run(args: CardArgs) -> anyhow::Result<()> {
     let service = CardService::new(host.clone()).into_server();
     let served = runtime.block_on(async {
         let mut signals = StopSignals::install()?;
+        let incoming = control_plane::incoming(args.listen, &control_identity).await?;
         eprintln!(
             "card {} ({name}): control plane on {}, data plane on udp {data_addr}; waiting for a \
              shard",
             args.id, args.listen
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tonic::transport::Server::builder()
-            .add_service(service)
-            // The standard gRPC health service too, for Kubernetes' grpc probes.
-            .add_service(tonic_health::server::health_reporter().1)
-            .serve_with_shutdown(args.listen, async {
-                let _ = stopped.await;
-            });
+        let server = control_plane::serve(service, Role::Attention, incoming, async {
+            let _ = stopped.await;
+        });
         tokio::pin!(server);
         let signal = tokio::select! {
             served = &mut server => return served.map_err(anyhow::Error::from),

@@ -65,6 +65,11 @@ pub struct ServeArgs {
     /// nodes'.
     #[arg(long, value_delimiter = ',', conflicts_with = "reference")]
     attention_addrs: Vec<String>,
+    /// Frontend only: the folder of `afd certs` with the cluster CA and the `frontend`
+    /// certificate and key: the attention nodes' control plane is mutual TLS and answers only
+    /// the frontend's certificate.
+    #[arg(long, requires = "attention_addrs")]
+    certs: Option<PathBuf>,
     /// Bearer token every /v1/* request must carry (`Authorization: Bearer ...`); default: no
     /// authentication. Prefer the environment variable: a command line is visible to anyone on
     /// the machine.
@@ -116,15 +121,27 @@ pub enum Deployment {
 /// Connects to running attention processes (frontend-only mode).
 fn remote_nodes(
     addresses: &[String],
+    certs: Option<&std::path::Path>,
     patience: std::time::Duration,
 ) -> anyhow::Result<(Deployment, Vec<Box<dyn AttentionNode>>)> {
+    let certs = certs.context(
+        "the frontend needs --certs DIR (made by `afd certs --nodes frontend,...`): the attention \
+         nodes' control plane is mutual TLS",
+    )?;
+    let identity = jetstream::NodeIdentity::read_pem(certs, deploy::cluster::FRONTEND_NAME)
+        .with_context(|| {
+            format!(
+                "reading the frontend's certificate from {}",
+                certs.display()
+            )
+        })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("afd-step-client")
         .enable_all()
         .build()
         .context("starting the gRPC client runtime")?;
-    let nodes = deploy::remote::connect_attention_nodes(addresses, patience, &runtime)
+    let nodes = deploy::remote::connect_attention_nodes(addresses, &identity, patience, &runtime)
         .context("connecting to the attention nodes")?
         .into_iter()
         .map(|node| Box::new(node) as Box<dyn AttentionNode>)
@@ -268,6 +285,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (deployment, nodes) = if frontend_only {
         remote_nodes(
             &args.attention_addrs,
+            args.certs.as_deref(),
             std::time::Duration::from_secs_f64(args.connect_timeout.max(0.0)),
         )?
     } else {
