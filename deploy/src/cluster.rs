@@ -240,10 +240,14 @@ pub fn connect_node(
             message: "the card returned no inbox".into(),
         })?;
         if let Some(q) = &quic {
-            let addr = answer.card_data_addr.parse().map_err(|e| Error::Card {
-                card: i,
-                message: format!("bad data address `{}`: {e}", answer.card_data_addr),
-            })?;
+            let addr = answer
+                .card_data_addr
+                .parse::<std::net::SocketAddr>()
+                .map_err(|e| Error::CardLink {
+                    card: i,
+                    what: format!("bad data address `{}`", answer.card_data_addr),
+                    source: e.into(),
+                })?;
             q.add_peer(answer.card_node.clone(), addr);
         }
         tracing::info!(card = i, "{}", answer.program_summary);
@@ -264,8 +268,7 @@ pub fn connect_node(
         layout,
         Box::new(fabric),
         config.node.clone(),
-    )
-    .map_err(Error::from)?;
+    )?;
     watch_cards(&node.board(), watched, quic.as_ref(), config.watch)?;
     Ok(node)
 }

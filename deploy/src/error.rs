@@ -68,6 +68,16 @@ pub enum Error {
     /// A card's control-plane call (or a check made before one) failed.
     #[error(transparent)]
     Service(Box<corsair_ffn::service::ServiceError>),
+    /// A card's address is wrong; `what` says which address.
+    #[error("card {card}: {what}: {source}")]
+    CardLink {
+        /// The card's index.
+        card: usize,
+        /// What was being done, in words.
+        what: String,
+        /// The address parser's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// An in-process card refused or failed its shard.
     #[error("card {card}: {source}")]
     CardService {
