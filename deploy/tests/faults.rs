@@ -4,7 +4,7 @@
 //! again with nothing else restarted, giving the fault-free run's tokens; the same for a card
 //! stopped (SIGSTOP) and resumed (SIGCONT); with every expert replicated, a killed card costs no
 //! request at all; and a lossy, slow, reordering network between the node and the cards
-//! (network namespaces, `netem`) changes no token.
+//! (network namespaces, `netem`) changes no token. Every role exits 0 on SIGINT.
 //!
 //! The tests take turns (one deployment at a time), and print what they measured.
 
@@ -323,4 +323,43 @@ fn a_lossy_slow_reordering_network_changes_no_token() {
     eprintln!("netem: {}", net.describe());
     drop(c);
     drop(net);
+}
+
+/// How `child` ended within a minute of a stop signal: `Err` unless it exited 0 by itself.
+fn exits_0(child: &mut std::process::Child) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => return Err(format!("ended with {status}")),
+            Ok(None) if Instant::now() >= deadline => return Err("still running".into()),
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// SIGINT stops each role by itself with exit 0, in afd up's order: the frontend (it drains),
+/// the attention node, the cards. (SIGTERM, the same handler, is checked through afd up in
+/// tests/afd_up.rs.)
+#[test]
+fn every_role_exits_0_on_sigint() {
+    let _turn = turn();
+    let mut c = Cluster::start(options(false));
+    baseline(&c);
+    let interrupt = |pid: u32| {
+        // SAFETY: kill(2) on a child of this process that has not been reaped.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    };
+    interrupt(c.frontend.0.id());
+    let frontend = exits_0(&mut c.frontend.0);
+    assert!(frontend.is_ok(), "frontend: {frontend:?}\n{}", c.logs());
+    interrupt(c.attention.0.id());
+    let attention = exits_0(&mut c.attention.0);
+    assert!(attention.is_ok(), "attention: {attention:?}\n{}", c.logs());
+    for k in 0..2 {
+        interrupt(c.card_pid(k));
+        let card = exits_0(&mut c.cards[k].as_mut().expect("card runs").0);
+        assert!(card.is_ok(), "card {k}: {card:?}\n{}", c.logs());
+    }
 }
