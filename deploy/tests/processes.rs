@@ -60,6 +60,28 @@ fn attention_cmd(cards: &[u16], port: u16, certs: &Path, model: &Path) -> Comman
     cmd
 }
 
+/// `afd attention` over the cards at `cards` on `port`, and a runtime for its clients.
+fn attention_and_client(
+    cards: &[u16],
+    port: u16,
+    certs: &Path,
+    model: &Path,
+) -> (Proc, tokio::runtime::Runtime) {
+    let attention = Proc(
+        attention_cmd(cards, port, certs, model)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    (attention, runtime)
+}
+
 /// Waits for the card processes' control planes to accept connections.
 fn wait_for_ports(ports: &[u16]) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -106,18 +128,7 @@ fn card_and_attention_processes_generate_and_a_dead_card_is_a_clear_error() {
         .collect();
     wait_for_ports(&ports);
     let attn_port = free_port();
-    let _attention = Proc(
-        attention_cmd(&ports, attn_port, dir.path(), &model)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (_attention, runtime) = attention_and_client(&ports, attn_port, dir.path(), &model);
     let mut node = connect(attn_port, dir.path(), &runtime);
     let cases = expected(&model);
     let got = driver::generate(&mut node, &greedy_requests(&cases), 0).unwrap();
@@ -213,18 +224,7 @@ fn the_control_plane_answers_only_nodes_of_its_cluster_in_the_right_role() {
     let _card = card(0, card_port, dir.path(), None);
     wait_for_ports(&[card_port]);
     let attn_port = free_port();
-    let _attention = Proc(
-        attention_cmd(&[card_port], attn_port, dir.path(), &model)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (_attention, runtime) = attention_and_client(&[card_port], attn_port, dir.path(), &model);
     // The right role: the attention node loaded the card's shard, and the frontend steps it.
     let node = connect(attn_port, dir.path(), &runtime);
     drop(node);

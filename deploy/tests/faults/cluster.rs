@@ -2,7 +2,6 @@
 //! each its own process with its log in a file, started the way docs/UP.md shows; cards can be
 //! killed, stopped, resumed and started again with the identical command.
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -284,22 +283,9 @@ impl Cluster {
     }
 }
 
-/// A minimal HTTP/1.1 exchange (`Connection: close`): status and body.
+/// A minimal HTTP/1.1 exchange with 127.0.0.1:`port` (`Connection: close`): status and body.
 pub fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
-        payload.len()
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
+    crate::common::http(&format!("127.0.0.1:{port}"), method, path, body)
 }
 
 /// A greedy completion of `prompt` from the frontend on `port`: status, and the tokens or the
