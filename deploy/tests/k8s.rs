@@ -1,8 +1,8 @@
 //! `afd k8s`: the output parses as YAML, and its names, Services and ports wire every role to
-//! the ones it talks to: attention nodes dial card DNS names and ports that the headless
-//! Service and StatefulSet make exist, the frontend dials attention Services that select
-//! exactly one attention pod on the port it listens on, probes hit ports the containers
-//! expose, and every volume names the ConfigMap and Secret that are rendered.
+//! the ones it talks to: attention nodes dial card Services that select exactly one card pod
+//! on the port it listens on, the frontend dials attention Services the same way, probes hit
+//! ports the containers expose, every volume names the ConfigMap and Secrets that are
+//! rendered, and each pod mounts only its own node's key.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -97,11 +97,7 @@ fn selected<'a>(objects: &'a [Value], svc: &Value) -> Vec<&'a Value> {
 /// `host:port` -> the Service it names (the first DNS label) and the container port it reaches.
 fn resolve<'a>(objects: &'a [Value], address: &str) -> (&'a Value, u64) {
     let (host, port) = address.rsplit_once(':').unwrap();
-    // `svc` or `pod.svc` (a StatefulSet pod through its headless Service).
-    let service_name = match host.split_once('.') {
-        Some((_pod, rest)) => rest.split('.').next().unwrap(),
-        None => host,
-    };
+    let service_name = host;
     let svc = find(objects, "Service", service_name);
     let port: u64 = port.parse().unwrap();
     let svc_port = svc["spec"]["ports"]
@@ -131,25 +127,31 @@ fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
     let pod_file = Deployment::from_toml(text, Path::new("/etc/afd/config")).unwrap();
     assert_eq!(pod_file.cards.count, cards);
     assert_eq!(pod_file.attention.nodes, nodes);
-    let secret = find(objects, "Secret", &format!("{prefix}-tls"));
-    let files: BTreeSet<&str> = secret["stringData"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(|k| k.as_str())
-        .collect();
-    let mut want = BTreeSet::from(["ca.pem".to_string()]);
-    for node in (0..nodes)
+    // One Secret per node: the CA certificate and that node's certificate and key.
+    let nodes_named: Vec<String> = (0..nodes)
         .map(|j| format!("attn-{j}"))
         .chain((0..cards).map(|k| format!("card-{k}")))
         .chain(["frontend".to_owned()])
-    {
-        want.insert(format!("{node}.pem"));
-        want.insert(format!("{node}.key.pem"));
-    }
-    assert_eq!(files, want.iter().map(|s| s.as_str()).collect());
-    for pem in secret["stringData"].as_object().unwrap().values() {
-        assert!(pem.as_str().unwrap().contains("-----BEGIN"));
+        .collect();
+    let secrets: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "Secret").collect();
+    assert_eq!(secrets.len(), nodes_named.len());
+    for node in &nodes_named {
+        let secret = find(objects, "Secret", &format!("{prefix}-tls-{node}"));
+        let files: BTreeSet<&str> = secret["stringData"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        let want = [
+            "ca.pem".to_string(),
+            format!("{node}.pem"),
+            format!("{node}.key.pem"),
+        ];
+        assert_eq!(files, want.iter().map(|s| s.as_str()).collect());
+        for pem in secret["stringData"].as_object().unwrap().values() {
+            assert!(pem.as_str().unwrap().contains("-----BEGIN"));
+        }
     }
 
     // Every pod: volumes name the objects above, mounts name the volumes, the probe hits an
@@ -158,7 +160,7 @@ fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
         .iter()
         .filter(|o| o["spec"]["template"].is_object())
         .collect();
-    assert_eq!(workloads.len(), 2 + nodes);
+    assert_eq!(workloads.len(), cards + nodes + 1);
     for w in &workloads {
         let spec = &w["spec"]["template"]["spec"];
         let volumes: BTreeMap<&str, &Value> = spec["volumes"]
@@ -168,8 +170,18 @@ fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
             .map(|v| (v["name"].as_str().unwrap(), v))
             .collect();
         assert_eq!(volumes["config"]["configMap"]["name"], name(config));
-        assert_eq!(volumes["tls"]["secret"]["secretName"], name(secret));
         let c = container(w);
+        // The pod's own node: `card-K` or `attn-J` from its --id, or the frontend.
+        let a = args(c);
+        let node = match a[0].as_str() {
+            "card" => format!("card-{}", flag(&a, "--id")),
+            "attention" => format!("attn-{}", flag(&a, "--id")),
+            _ => "frontend".to_owned(),
+        };
+        assert_eq!(
+            volumes["tls"]["secret"]["secretName"],
+            format!("{prefix}-tls-{node}")
+        );
         for m in c["volumeMounts"].as_array().unwrap() {
             assert!(volumes.contains_key(m["name"].as_str().unwrap()), "{m}");
         }
@@ -185,7 +197,6 @@ fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
             &probe["httpGet"]["port"]
         };
         container_port(c, port);
-        let a = args(c);
         // Every role, the frontend too, has its certificate for the control plane's TLS.
         assert_eq!(flag(&a, "--certs"), deploy::k8s::TLS_MOUNT);
         let listen = if a[0] == "frontend" {
@@ -200,21 +211,19 @@ fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
         );
     }
 
-    // Cards: a StatefulSet of `cards` pods behind a headless Service of the same name.
-    let set = find(objects, "StatefulSet", &format!("{prefix}-card"));
-    assert_eq!(set["spec"]["replicas"], cards as u64);
-    let headless = find(
-        objects,
-        "Service",
-        set["spec"]["serviceName"].as_str().unwrap(),
-    );
-    assert_eq!(headless["spec"]["clusterIP"], "None");
-    assert!(selects(
-        &set["spec"]["selector"]["matchLabels"],
-        &set["spec"]["template"]["metadata"]["labels"]
-    ));
+    // Cards: one Deployment each, its --id its index, behind a Service of the same name.
+    let mut card_ids = BTreeSet::new();
+    for k in 0..cards {
+        let d = find(objects, "Deployment", &format!("{prefix}-card-{k}"));
+        assert_eq!(d["spec"]["replicas"], 1);
+        let a = args(container(d));
+        assert_eq!(a[0], "card");
+        card_ids.insert(flag(&a, "--id"));
+        find(objects, "Service", &format!("{prefix}-card-{k}"));
+    }
+    assert_eq!(card_ids, (0..cards).map(|k| k.to_string()).collect());
 
-    // Attention nodes dial card-K.<headless>:<port>, in card order, on the cards' listen port.
+    // Attention nodes dial card K's Service, in card order, on the cards' listen port.
     let mut ids = BTreeSet::new();
     let mut attention_listen = BTreeMap::new();
     for j in 0..nodes {
@@ -227,9 +236,10 @@ fn check(objects: &[Value], cards: usize, nodes: usize, prefix: &str) {
         assert_eq!(dialed.len(), cards);
         for (k, address) in dialed.iter().enumerate() {
             let (host, _) = address.rsplit_once(':').unwrap();
-            assert_eq!(host, format!("{}-{k}.{}", name(set), name(headless)));
+            assert_eq!(host, format!("{prefix}-card-{k}"));
             let (workload, port) = resolve(objects, address);
-            assert_eq!(workload["kind"], "StatefulSet");
+            assert_eq!(workload["kind"], "Deployment");
+            assert_eq!(flag(&args(container(workload)), "--id"), k.to_string());
             let card_listen = flag(&args(container(workload)), "--listen");
             assert!(
                 card_listen.ends_with(&format!(":{port}")),
@@ -307,10 +317,12 @@ fn several_cards_and_attention_nodes_written_to_a_folder_are_wired() {
         objects.extend(parse(&std::fs::read_to_string(path).unwrap()));
     }
     check(&objects, 3, 2, "wide");
-    // The Secret holds the certificates made by `afd certs`, not new ones, and no CA key.
-    let secret = find(&objects, "Secret", "wide-tls");
+    // The Secrets hold the certificates made by `afd certs`, not new ones, and no CA key.
+    let secret = find(&objects, "Secret", "wide-tls-card-2");
     let ca = std::fs::read_to_string(certs.join("ca.pem")).unwrap();
     assert_eq!(secret["stringData"]["ca.pem"], ca.as_str());
+    let key = std::fs::read_to_string(certs.join("card-2.key.pem")).unwrap();
+    assert_eq!(secret["stringData"]["card-2.key.pem"], key.as_str());
     assert!(secret["stringData"].get("ca.key.pem").is_none());
 }
 

@@ -1,10 +1,10 @@
 //! `afd k8s`: Kubernetes manifests for a deployment file.
 //!
-//! Cards are a StatefulSet behind a headless Service, so card K has the stable name
-//! `NAME-card-K.NAME-card` that attention nodes dial; each attention node is a Deployment with
-//! its own Service (each has its own identity: JetStream name `attn-J` and certificate); the
-//! frontend is a Deployment with a Service. A ConfigMap holds the deployment file the attention
-//! nodes read, a Secret the TLS material. Readiness probes: a TCP connect to the cards' and
+//! Every node is a one-replica Deployment with its own Service: card K (`NAME-card-K`, the name
+//! attention nodes dial), attention node J (`NAME-attention-J`) and the frontend, because each
+//! has its own identity (JetStream name `card-K` / `attn-J` / `frontend` and certificate) and
+//! mounts only its own key: node N's Secret `NAME-tls-N` holds the CA certificate and N's
+//! certificate and key. A ConfigMap holds the deployment file the nodes read. Readiness probes: a TCP connect to the cards' and
 //! attention nodes' control ports (mutual TLS, which the kubelet's grpc probe cannot speak),
 //! `GET /health` on the frontend.
 //!
@@ -157,6 +157,15 @@ pub fn load_tls(dir: &Path, nodes: &[String]) -> Result<BTreeMap<String, String>
     Ok(files)
 }
 
+/// The files of node `node`'s Secret: the CA certificate, its certificate and its key.
+pub fn node_tls_files(node: &str) -> [String; 3] {
+    [
+        "ca.pem".to_string(),
+        format!("{node}.pem"),
+        format!("{node}.key.pem"),
+    ]
+}
+
 /// Node names needing a certificate: `attn-J`, `card-K` and `frontend`.
 pub fn tls_names(d: &Deployment) -> Vec<String> {
     (0..d.attention.nodes)
@@ -271,13 +280,16 @@ pub fn render(d: &Deployment, options: &K8sOptions) -> Result<Manifests> {
     let mut files = Vec::new();
     let mut base = vec![build.config_map(&config)];
     if let Some(tls) = &options.tls {
-        base.push(build.secret(tls));
+        base.extend(tls_names(d).iter().map(|node| build.secret(node, tls)));
     }
     if let Some(key) = &d.server.api_key {
         base.push(build.api_key_secret(key));
     }
     files.push(("00-config.yaml".to_string(), base));
-    files.push(("10-cards.yaml".to_string(), build.cards()));
+    files.push((
+        "10-cards.yaml".to_string(),
+        (0..d.cards.count).flat_map(|k| build.card(k)).collect(),
+    ));
     for j in 0..d.attention.nodes {
         files.push((format!("20-attention-{j}.yaml"), build.attention(j)));
     }

@@ -25,9 +25,9 @@ impl Names {
         }
     }
 
-    /// The cards' StatefulSet and headless Service (pods are `NAME-card-K`).
-    pub fn cards(&self) -> String {
-        format!("{}-card", self.prefix)
+    /// Card `k`'s Deployment and Service.
+    pub fn card(&self, k: usize) -> String {
+        format!("{}-card-{k}", self.prefix)
     }
 
     /// Attention node `j`'s Deployment and Service.
@@ -45,9 +45,10 @@ impl Names {
         format!("{}-deployment", self.prefix)
     }
 
-    /// The Secret with the TLS material.
-    pub fn tls(&self) -> String {
-        format!("{}-tls", self.prefix)
+    /// The Secret with node `node`'s TLS material (`card-K`, `attn-J`, `frontend`): the CA
+    /// certificate and that node's own certificate and key, nothing of any other node.
+    pub fn tls(&self, node: &str) -> String {
+        format!("{}-tls-{node}", self.prefix)
     }
 
     /// The Secret with the HTTP API key.
@@ -55,10 +56,10 @@ impl Names {
         format!("{}-api-key", self.prefix)
     }
 
-    /// Card K's stable DNS name through the headless Service, with its control port.
+    /// Card K's Service name with its control port.
     pub fn card_addresses(&self, cards: usize, port: u16) -> Vec<String> {
         (0..cards)
-            .map(|k| format!("{}-{k}.{}:{port}", self.cards(), self.cards()))
+            .map(|k| format!("{}:{port}", self.card(k)))
             .collect()
     }
 
@@ -138,14 +139,21 @@ impl Builder<'_> {
         })
     }
 
-    /// The cluster CA certificate and each node's certificate and key.
-    pub fn secret(&self, files: &BTreeMap<String, String>) -> Value {
+    /// Node `node`'s Secret: the cluster CA certificate and that node's certificate and key,
+    /// taken from `files` (every node's, as [`super::load_tls`] reads them). Each pod mounts only
+    /// its own, so a pod that is broken into gives away one identity, not the cluster's.
+    pub fn secret(&self, node: &str, files: &BTreeMap<String, String>) -> Value {
+        let own = super::node_tls_files(node);
+        let data: BTreeMap<&String, &String> = files
+            .iter()
+            .filter(|(name, _)| own.contains(name))
+            .collect();
         json!({
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": self.metadata(&self.names.tls(), "tls"),
+            "metadata": self.metadata(&self.names.tls(node), "tls"),
             "type": "Opaque",
-            "stringData": files,
+            "stringData": data,
         })
     }
 
@@ -160,9 +168,9 @@ impl Builder<'_> {
         })
     }
 
-    fn volumes(&self) -> Value {
+    fn volumes(&self, node: &str) -> Value {
         let mut v = vec![
-            json!({"name": "tls", "secret": {"secretName": self.names.tls(), "defaultMode": 0o400}}),
+            json!({"name": "tls", "secret": {"secretName": self.names.tls(node), "defaultMode": 0o400}}),
             json!({"name": "config", "configMap": {"name": self.names.config()}}),
         ];
         if let Some(claim) = &self.options.model_pvc {
@@ -222,65 +230,93 @@ impl Builder<'_> {
         json!({"tcpSocket": {"port": port}, "initialDelaySeconds": 2, "periodSeconds": 5, "failureThreshold": 3})
     }
 
-    fn pod_spec(&self, container: Value) -> Value {
+    /// The pod of node `node` (its TLS identity) running `container`.
+    fn pod_spec(&self, node: &str, container: Value) -> Value {
         json!({
             "containers": [container],
-            "volumes": self.volumes(),
+            "volumes": self.volumes(node),
             // SIGTERM drains every role for up to server.shutdown_timeout; the rest covers
             // ending what still runs and closing, before Kubernetes sends SIGKILL.
             "terminationGracePeriodSeconds": self.d.server.shutdown_timeout.ceil() as u64 + 15,
         })
     }
 
-    /// Headless Service and StatefulSet of the cards. The card's index is its pod's ordinal
-    /// (the `apps.kubernetes.io/pod-index` label, Kubernetes 1.28+).
-    pub fn cards(&self) -> Vec<Value> {
-        let name = self.names.cards();
-        let count = self.d.cards.count;
+    fn card_labels(&self, k: usize) -> Value {
+        let mut l = self.labels("card");
+        l["afd/card"] = json!(k.to_string());
+        l
+    }
+
+    /// Card `k`: its Service and Deployment (one replica: a card has its own identity, and a
+    /// pod of its own so that it mounts only its own key).
+    pub fn card(&self, k: usize) -> Vec<Value> {
+        let name = self.names.card(k);
         let p = self.ports;
         let args = card_args(
             self.d,
             self.paths,
-            "$(CARD_ID)",
+            &k.to_string(),
             &format!("0.0.0.0:{}", p.card),
             Some(&format!("$(POD_IP):{}", p.card_data)),
         );
-        let env = vec![
-            Self::pod_ip_env(),
-            json!({"name": "CARD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}}),
-        ];
         let ports = json!([
             {"name": "grpc", "containerPort": p.card, "protocol": "TCP"},
             {"name": "jetstream", "containerPort": p.card_data, "protocol": "UDP"},
         ]);
-        let container = self.container("card", args, env, ports, Self::control_probe(p.card));
+        let container = self.container(
+            "card",
+            args,
+            vec![Self::pod_ip_env()],
+            ports,
+            Self::control_probe(p.card),
+        );
+        self.service_and_deployment(
+            &name,
+            "card",
+            self.card_labels(k),
+            &crate::cluster::card_name(k),
+            container,
+            p.card,
+        )
+    }
+
+    /// A Service on `port` (`grpc`) and a one-replica Deployment of node `node`'s pod.
+    fn service_and_deployment(
+        &self,
+        name: &str,
+        component: &str,
+        labels: Value,
+        node: &str,
+        container: Value,
+        port: u16,
+    ) -> Vec<Value> {
+        let mut metadata = self.metadata(name, component);
+        metadata["labels"] = labels.clone();
         let service = json!({
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": self.metadata(&name, "card"),
+            "metadata": metadata,
             "spec": {
-                "clusterIP": "None",
-                "selector": self.labels("card"),
-                "ports": [{"name": "grpc", "port": p.card, "targetPort": "grpc", "protocol": "TCP"}],
+                "selector": labels,
+                "ports": [{"name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP"}],
             },
         });
-        let set = json!({
+        let deployment = json!({
             "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": self.metadata(&name, "card"),
+            "kind": "Deployment",
+            "metadata": metadata,
             "spec": {
-                "serviceName": name,
-                "replicas": count,
-                // Cards do not depend on each other: start them all at once.
-                "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": self.labels("card")},
+                "replicas": 1,
+                // Never two pods with one node identity.
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": labels},
                 "template": {
-                    "metadata": {"labels": self.labels("card")},
-                    "spec": self.pod_spec(container),
+                    "metadata": {"labels": labels},
+                    "spec": self.pod_spec(node, container),
                 },
             },
         });
-        vec![service, set]
+        vec![service, deployment]
     }
 
     fn node_labels(&self, j: usize) -> Value {
@@ -313,34 +349,14 @@ impl Builder<'_> {
             ports,
             Self::control_probe(p.attention),
         );
-        let labels = self.node_labels(j);
-        let mut metadata = self.metadata(&name, "attention");
-        metadata["labels"] = labels.clone();
-        let service = json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata,
-            "spec": {
-                "selector": labels,
-                "ports": [{"name": "grpc", "port": p.attention, "targetPort": "grpc", "protocol": "TCP"}],
-            },
-        });
-        let deployment = json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": metadata,
-            "spec": {
-                "replicas": 1,
-                // Never two pods with one node identity.
-                "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": self.pod_spec(container),
-                },
-            },
-        });
-        vec![service, deployment]
+        self.service_and_deployment(
+            &name,
+            "attention",
+            self.node_labels(j),
+            &crate::cluster::attention_name(j),
+            container,
+            p.attention,
+        )
     }
 
     /// The frontend: Service and Deployment (one replica: its router owns the attention nodes'
@@ -387,7 +403,7 @@ impl Builder<'_> {
                 "selector": {"matchLabels": self.labels("frontend")},
                 "template": {
                     "metadata": {"labels": self.labels("frontend")},
-                    "spec": self.pod_spec(container),
+                    "spec": self.pod_spec(crate::cluster::FRONTEND_NAME, container),
                 },
             },
         });

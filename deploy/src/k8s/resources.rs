@@ -52,7 +52,7 @@ fn cpu_quantity(millis: u64) -> String {
 /// Requests of every role of a deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeploymentResources {
-    /// Each card pod (the largest card's share: the StatefulSet has one pod template).
+    /// Each card pod (the largest card's share, the same for every card).
     pub card: PodResources,
     /// Each attention node pod.
     pub attention: PodResources,

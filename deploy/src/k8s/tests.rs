@@ -19,7 +19,7 @@ fn kinds(m: &Manifests) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The objects that run pods (StatefulSet, Deployments).
+/// The objects that run pods (Deployments).
 fn pods(m: &Manifests) -> Vec<&Value> {
     m.objects()
         .filter(|o| o["spec"]["template"].is_object())
@@ -30,6 +30,10 @@ fn pods(m: &Manifests) -> Vec<&Value> {
 fn one_object_set_per_role_with_prefixed_names() {
     let mut tls = BTreeMap::new();
     tls.insert("ca.pem".to_string(), "x".to_string());
+    for node in ["attn-0", "attn-1", "card-0", "card-1", "card-2", "frontend"] {
+        tls.insert(format!("{node}.pem"), format!("cert of {node}"));
+        tls.insert(format!("{node}.key.pem"), format!("key of {node}"));
+    }
     let options = K8sOptions {
         name: "prod".into(),
         namespace: Some("inference".into()),
@@ -40,9 +44,18 @@ fn one_object_set_per_role_with_prefixed_names() {
     let got = kinds(&m);
     let want: Vec<(String, String)> = [
         ("ConfigMap", "prod-deployment"),
-        ("Secret", "prod-tls"),
-        ("Service", "prod-card"),
-        ("StatefulSet", "prod-card"),
+        ("Secret", "prod-tls-attn-0"),
+        ("Secret", "prod-tls-attn-1"),
+        ("Secret", "prod-tls-card-0"),
+        ("Secret", "prod-tls-card-1"),
+        ("Secret", "prod-tls-card-2"),
+        ("Secret", "prod-tls-frontend"),
+        ("Service", "prod-card-0"),
+        ("Deployment", "prod-card-0"),
+        ("Service", "prod-card-1"),
+        ("Deployment", "prod-card-1"),
+        ("Service", "prod-card-2"),
+        ("Deployment", "prod-card-2"),
         ("Service", "prod-attention-0"),
         ("Deployment", "prod-attention-0"),
         ("Service", "prod-attention-1"),
@@ -58,6 +71,14 @@ fn one_object_set_per_role_with_prefixed_names() {
         m.objects()
             .all(|o| o["metadata"]["namespace"] == "inference")
     );
+    // Each node's Secret holds the CA certificate and that node's files, no other node's key.
+    let card_1 = m
+        .objects()
+        .find(|o| o["metadata"]["name"] == "prod-tls-card-1")
+        .unwrap();
+    let files: Vec<&String> = card_1["stringData"].as_object().unwrap().keys().collect();
+    assert_eq!(files, ["ca.pem", "card-1.key.pem", "card-1.pem"]);
+    assert_eq!(card_1["stringData"]["card-1.key.pem"], "key of card-1");
     let yaml = m.to_yaml().unwrap();
     assert_eq!(yaml.matches("\n---\n").count() + 1, want.len());
     assert!(yaml.starts_with("---\napiVersion: v1\nkind: ConfigMap\nmetadata:"));
@@ -72,7 +93,7 @@ fn without_tls_the_secret_is_left_out_and_a_pvc_is_mounted_everywhere() {
     let m = render(&deployment(TEXT), &options).unwrap();
     assert!(!kinds(&m).iter().any(|(k, _)| k == "Secret"));
     let pods = pods(&m);
-    assert_eq!(pods.len(), 4);
+    assert_eq!(pods.len(), 6);
     for o in pods {
         let spec = &o["spec"]["template"]["spec"];
         let volumes = spec["volumes"].as_array().unwrap();
@@ -97,7 +118,7 @@ fn the_pods_deployment_file_points_inside_the_containers() {
     let pod = Deployment::from_toml(text, Path::new(CONFIG_MOUNT)).unwrap();
     assert_eq!(pod.model.path.as_deref(), Some(Path::new("/models/ckpt")));
     assert_eq!(pod.cards.count, 3);
-    assert_eq!(pod.card_addresses()[2], "afd-card-2.afd-card:7100");
+    assert_eq!(pod.card_addresses()[2], "afd-card-2:7100");
     assert_eq!(pod.attention_addresses()[1], "afd-attention-1:7200");
     assert!(pod.transport.tls_dir.is_none());
 }
@@ -154,7 +175,7 @@ fn every_pod_gets_time_to_drain_before_kubernetes_kills_it() {
     ] {
         let m = render(&deployment(&text), &K8sOptions::default()).unwrap();
         let pods = pods(&m);
-        assert_eq!(pods.len(), 4);
+        assert_eq!(pods.len(), 6);
         for o in pods {
             assert_eq!(
                 o["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], grace,

@@ -8,8 +8,9 @@ use deploy::deployment::Deployment;
 use deploy::k8s::resources::DeploymentResources;
 use deploy::k8s::{K8sOptions, load_tls, render, tls_names};
 
-/// Render the Kubernetes manifests of a deployment: cards as a StatefulSet, attention nodes and
-/// the frontend as Deployments, Services, a ConfigMap with the deployment file, a TLS Secret.
+/// Render the Kubernetes manifests of a deployment: every card, attention node and the frontend
+/// as a Deployment with a Service, a ConfigMap with the deployment file, and per node a TLS
+/// Secret with only that node's key.
 #[derive(Debug, clap::Args)]
 pub struct K8sArgs {
     /// The deployment file (TOML).
@@ -33,12 +34,12 @@ pub struct K8sArgs {
     /// The checkpoint folder inside the containers (default: /models/<the folder's name>).
     #[arg(long)]
     model_dir: Option<String>,
-    /// Folder made by `afd certs` whose certificates go into the Secret (default: the file's
+    /// Folder made by `afd certs` whose certificates go into the Secrets (default: the file's
     /// `transport.tls_dir`, else a new cluster CA made now, whose key is not kept).
     #[arg(long)]
     certs: Option<PathBuf>,
-    /// Leave the TLS Secret out (make it with `kubectl create secret generic NAME-tls
-    /// --from-file=DIR`).
+    /// Leave the TLS Secrets out (make node N's with `kubectl create secret generic
+    /// NAME-tls-N --from-file=DIR/ca.pem --from-file=DIR/N.pem --from-file=DIR/N.key.pem`).
     #[arg(long, conflicts_with = "certs")]
     no_secret: bool,
 }
@@ -87,7 +88,7 @@ pub fn run(args: K8sArgs) -> anyhow::Result<()> {
             }
             if options.tls.is_some() {
                 eprintln!(
-                    "the Secret in {} holds private keys: keep it out of version control",
+                    "the Secrets in {} hold private keys: keep it out of version control",
                     dir.display()
                 );
             }
