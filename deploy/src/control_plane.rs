@@ -134,7 +134,7 @@ pub async fn incoming(listen: SocketAddr, identity: &NodeIdentity) -> Result<Inc
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind(listen)
         .await
-        .map_err(|e| Error::Io(format!("cannot listen on {listen}: {e}")))?;
+        .map_err(Error::system(format!("cannot listen on {listen}")))?;
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         loop {
@@ -241,15 +241,14 @@ pub async fn connect(
     url: &str,
     server: &str,
     identity: &NodeIdentity,
-) -> std::result::Result<tonic::transport::Channel, String> {
-    let (endpoint, connector) =
-        endpoint_and_connector(url, server, identity).map_err(|e| e.to_string())?;
+) -> Result<tonic::transport::Channel> {
+    let (endpoint, connector) = endpoint_and_connector(url, server, identity)?;
     endpoint
         .connect_with_connector(connector)
         .await
-        .map_err(|e| match std::error::Error::source(&e) {
-            Some(source) => format!("{e}: {source}"),
-            None => e.to_string(),
+        .map_err(|source| Error::Connect {
+            url: url.to_owned(),
+            source,
         })
 }
 

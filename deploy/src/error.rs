@@ -68,6 +68,25 @@ pub enum Error {
     /// A card's control-plane call (or a check made before one) failed.
     #[error(transparent)]
     Service(Box<corsair_ffn::service::ServiceError>),
+    /// A control-plane connection to `url` could not be made (refused, no TLS handshake, a
+    /// certificate not valid for the expected node).
+    #[error("{url}: {source}{}", std::error::Error::source(source).map(|s| format!(": {s}")).unwrap_or_default())]
+    Connect {
+        /// The address dialed.
+        url: String,
+        /// tonic's error (its own source, shown after it, says what failed underneath).
+        source: tonic::transport::Error,
+    },
+    /// Card `card` could not be reached over the control plane.
+    #[error(
+        "card {card}: cannot reach the card at {source}; is `afd card --id {card}` running there?"
+    )]
+    CardUnreachable {
+        /// The card's index.
+        card: usize,
+        /// Why (boxed: the error type is recursive).
+        source: Box<Error>,
+    },
     /// A card's address is wrong; `what` says which address.
     #[error("card {card}: {what}: {source}")]
     CardLink {

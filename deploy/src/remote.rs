@@ -57,11 +57,9 @@ impl GrpcCard {
         let url = grpc_url(address);
         let channel = runtime
             .block_on(control_plane::connect(&url, &card_name(index), identity))
-            .map_err(|e| Error::Card {
+            .map_err(|e| Error::CardUnreachable {
                 card: index,
-                message: format!(
-                    "cannot reach the card at {url}: {e}; is `afd card --id {index}` running there?"
-                ),
+                source: Box::new(e),
             })?;
         let client = CardClient::new(channel);
         Ok(GrpcCard {
@@ -178,7 +176,8 @@ pub fn connect_attention_nodes(
         let node = loop {
             let attempt = runtime
                 .block_on(control_plane::connect(&url, &attention_name(j), identity))
-                .map_err(|e| step::StepError::Unavailable(format!("{url}: {e}")))
+                // The frontend's node interface speaks StepError, whose message is text.
+                .map_err(|e| step::StepError::Unavailable(e.to_string()))
                 .and_then(|channel| {
                     gpu_attention::remote::RemoteNode::new(channel, &url, runtime.handle().clone())
                 });

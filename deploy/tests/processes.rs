@@ -100,7 +100,7 @@ fn connect(port: u16, certs: &Path, runtime: &tokio::runtime::Runtime) -> Remote
     loop {
         let attempt = runtime
             .block_on(deploy::control_plane::connect(&url, "attn-0", &identity))
-            .map_err(step::StepError::Unavailable)
+            .map_err(|e| step::StepError::Unavailable(e.to_string()))
             .and_then(|channel| RemoteNode::new(channel, &url, runtime.handle().clone()));
         match attempt {
             Ok(n) => return n,
@@ -201,7 +201,9 @@ fn call_as<T>(
 ) -> Result<T, String> {
     runtime.block_on(async {
         let url = format!("http://127.0.0.1:{port}");
-        let channel = deploy::control_plane::connect(&url, server, identity).await?;
+        let channel = deploy::control_plane::connect(&url, server, identity)
+            .await
+            .map_err(|e| e.to_string())?;
         call(channel)
             .await
             .map_err(|s| format!("{:?}: {}", s.code(), s.message()))

@@ -73,7 +73,10 @@ async fn connect(
     me: &str,
 ) -> Result<tonic::transport::Channel, String> {
     let identity = jetstream::NodeIdentity::read_pem(certs, me).map_err(|e| e.to_string())?;
-    control_plane::connect(&grpc_url(address), server, &identity).await
+    // A probe's outcome is only logged while waiting: text is all it needs.
+    control_plane::connect(&grpc_url(address), server, &identity)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The status code of `GET path` on `address` (HTTP/1.1, `Connection: close`).
