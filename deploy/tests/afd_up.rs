@@ -35,9 +35,12 @@ fn send(pid: u32, signal: libc::c_int) {
 }
 
 /// A running `afd up`, its stderr lines, and the processes it reported starting. Dropping it
-/// kills `afd up` and every process it started, so a failing test leaves nothing behind.
+/// kills `afd up` and every process it started, so a failing test leaves nothing behind: not
+/// even the certificates `afd up` makes in its temporary folder, which a killed `afd up` cannot
+/// remove (its TMPDIR is `_scratch`, removed after the kill).
 struct Up {
     child: Child,
+    _scratch: tempfile::TempDir,
     lines: mpsc::Receiver<String>,
     log: Vec<String>,
     pids: Vec<(String, u32)>,
@@ -49,7 +52,9 @@ impl Up {
     }
 
     fn start_with(file: &Path, flags: &[&str]) -> Up {
+        let scratch = tempfile::tempdir().unwrap();
         let mut child = Command::new(AFD)
+            .env("TMPDIR", scratch.path())
             .arg("up")
             .arg(file)
             .arg("--free-ports")
@@ -70,6 +75,7 @@ impl Up {
         });
         Up {
             child,
+            _scratch: scratch,
             lines,
             log: Vec::new(),
             pids: Vec::new(),
