@@ -3,7 +3,7 @@
 //! pipeline with real card programs over JetStream, against the transformers fixtures: greedy
 //! tokens equal, the logits that chose them within 1e-4, and the fast CPU path's logits.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use deploy::cluster::{ClusterConfig, EmbeddedCluster, TransportKind};
 use gpu_attention::{AttentionDevice, DisaggregatedNode, driver};
@@ -13,25 +13,9 @@ use safetensors::SafeTensors;
 
 mod common;
 
-use common::{expected, greedy_requests};
+use common::{expected, fixtures, greedy_requests};
 
 const TOLERANCE: f32 = 1e-4;
-
-fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("expected.json").exists())
-        .collect();
-    dirs.sort();
-    assert!(
-        dirs.len() >= 6,
-        "the committed fixtures under {}",
-        root.display()
-    );
-    dirs
-}
 
 /// A one-node cluster on `cards` cards over the in-process transport; keeps the cards alive.
 fn node(dir: &Path, cards: usize, device: AttentionDevice) -> (EmbeddedCluster, DisaggregatedNode) {

@@ -1,7 +1,7 @@
 //! The disaggregated pipeline end to end in one process: real card programs (corsair-ffn) over
 //! JetStream (QUIC on loopback and in-process) against the transformers fixtures.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use deploy::cluster::{ClusterConfig, EmbeddedCluster, TransportKind};
 use gpu_attention::driver;
@@ -10,18 +10,7 @@ use model::sampling::SamplingParams;
 
 mod common;
 
-use common::{expected, greedy_requests};
-
-fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("expected.json").exists())
-        .collect();
-    dirs.sort();
-    dirs
-}
+use common::{expected, fixtures, greedy_requests};
 
 fn cluster(dir: &Path, cards: usize, transport: TransportKind) -> EmbeddedCluster {
     let mut config = ClusterConfig::new(dir, cards);

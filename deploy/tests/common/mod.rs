@@ -88,6 +88,23 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Every committed fixture checkpoint (the folders with an `expected.json`), sorted.
+pub fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("expected.json").exists())
+        .collect();
+    dirs.sort();
+    assert!(
+        dirs.len() >= 6,
+        "the committed fixtures under {}",
+        root.display()
+    );
+    dirs
+}
+
 /// The tiny deployment file.
 pub fn tiny() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deployments/tiny.toml")
