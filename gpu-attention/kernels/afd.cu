@@ -283,18 +283,28 @@ afd_linear_mxfp4(const float* __restrict__ x, const uint8_t* __restrict__ blocks
 // per pair: every pair of a decode step touches its own expert.
 // ---------------------------------------------------------------------------------------------
 
+// A stored weight as f32: bf16 or f16 from its bits, f32 as it is.
 template <bool F16>
-__device__ void moe_half(const float* __restrict__ x, const uint32_t* __restrict__ pair_token,
-                         const uint32_t* __restrict__ pair_expert, const uint16_t* __restrict__ w,
-                         float* __restrict__ out, int K, int N) {
+__device__ __forceinline__ float widen(uint16_t bits) {
+    return half_bits<F16>(bits);
+}
+template <bool F16>
+__device__ __forceinline__ float widen(float v) {
+    return v;
+}
+
+template <bool F16, typename T>
+__device__ void moe_dense(const float* __restrict__ x, const uint32_t* __restrict__ pair_token,
+                          const uint32_t* __restrict__ pair_expert, const T* __restrict__ w,
+                          float* __restrict__ out, int K, int N) {
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5);
     const int p = blockIdx.y;
     if (r >= N) return;
     const float* xr = x + (size_t)pair_token[p] * K;
-    const uint16_t* wr = w + ((size_t)pair_expert[p] * N + r) * K;
+    const T* wr = w + ((size_t)pair_expert[p] * N + r) * K;
     float acc = 0.f;
-    for (int k = lane; k < K; k += 32) acc += half_bits<F16>(wr[k]) * xr[k];
+    for (int k = lane; k < K; k += 32) acc += widen<F16>(wr[k]) * xr[k];
     acc = warp_sum(acc);
     if (lane == 0) out[(size_t)p * N + r] = acc;
 }
@@ -302,29 +312,19 @@ __device__ void moe_half(const float* __restrict__ x, const uint32_t* __restrict
 extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32)
 afd_moe_bf16(const float* x, const uint32_t* pair_token, const uint32_t* pair_expert,
              const uint16_t* w, float* out, int K, int N) {
-    moe_half<false>(x, pair_token, pair_expert, w, out, K, N);
+    moe_dense<false>(x, pair_token, pair_expert, w, out, K, N);
 }
 
 extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32)
 afd_moe_f16(const float* x, const uint32_t* pair_token, const uint32_t* pair_expert,
             const uint16_t* w, float* out, int K, int N) {
-    moe_half<true>(x, pair_token, pair_expert, w, out, K, N);
+    moe_dense<true>(x, pair_token, pair_expert, w, out, K, N);
 }
 
 extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32)
-afd_moe_f32(const float* __restrict__ x, const uint32_t* __restrict__ pair_token,
-            const uint32_t* __restrict__ pair_expert, const float* __restrict__ w,
-            float* __restrict__ out, int K, int N) {
-    const int lane = threadIdx.x & 31;
-    const int r = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5);
-    const int p = blockIdx.y;
-    if (r >= N) return;
-    const float* xr = x + (size_t)pair_token[p] * K;
-    const float* wr = w + ((size_t)pair_expert[p] * N + r) * K;
-    float acc = 0.f;
-    for (int k = lane; k < K; k += 32) acc += wr[k] * xr[k];
-    acc = warp_sum(acc);
-    if (lane == 0) out[(size_t)p * N + r] = acc;
+afd_moe_f32(const float* x, const uint32_t* pair_token, const uint32_t* pair_expert,
+            const float* w, float* out, int K, int N) {
+    moe_dense<false>(x, pair_token, pair_expert, w, out, K, N);
 }
 
 extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32)
