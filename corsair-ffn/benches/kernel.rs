@@ -4,7 +4,9 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 use corsair_ffn::Span;
-use corsair_ffn::executor::kernel::{KernelChoice, TileView, pack_rows, pair_order, tile_partials};
+use corsair_ffn::executor::kernel::{
+    KernelChoice, TileInput, TileView, pack_rows, pair_order, tile_partials,
+};
 use corsair_ffn::format::{TileFormat, encode_row};
 use corsair_ffn::numerics::padded;
 use corsair_ffn::synthetic::{SplitMix, random_matrix};
@@ -29,16 +31,29 @@ fn kernel(c: &mut Criterion) {
         let kp = padded(COLS);
         for tokens in [1usize, 32] {
             let mut x = vec![0f32; tokens * kp];
+            let mut xb = vec![0u16; tokens * kp];
             for t in 0..tokens {
                 let row: Vec<f32> = (0..COLS).map(|_| rng.symmetric()).collect();
                 pair_order(&row, &mut x[t * kp..(t + 1) * kp]);
+                for (d, &v) in xb[t * kp..].iter_mut().zip(&row) {
+                    *d = model::kernels::round_bf16(v);
+                }
             }
             let mut out = vec![0f32; tokens * ROWS * view.segments()];
             group.throughput(Throughput::Bytes(bytes.len() as u64));
             for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
                 let id = BenchmarkId::new(format!("{format}/{kernel:?}"), tokens);
                 group.bench_with_input(id, &tokens, |b, &tokens| {
-                    b.iter(|| tile_partials(&view, &x, kp, tokens, &mut out, kernel))
+                    let x = TileInput::Paired(&x);
+                    b.iter(|| tile_partials(&view, x, kp, tokens, &mut out, kernel))
+                });
+            }
+            if matches!(format, TileFormat::Bf16 | TileFormat::Mxfp4) {
+                // The bf16 activation path, beside the f32 one above.
+                let id = BenchmarkId::new(format!("{format}/bf16-activations"), tokens);
+                group.bench_with_input(id, &tokens, |b, &tokens| {
+                    let x = TileInput::Bf16(&xb);
+                    b.iter(|| tile_partials(&view, x, kp, tokens, &mut out, KernelChoice::Auto))
                 });
             }
         }

@@ -20,6 +20,12 @@
 //! is the dequantized math with this one summation order. Lane pairing (even, odd) matches how
 //! MXFP4 nibbles and bf16 pairs sit in memory, which keeps the fast kernels cheap.
 //!
+//! Where the program marks a matrix's products as rounding their inputs to bf16
+//! (`ActivationDtype::Bf16`, bf16 and MXFP4 tiles only), steps 2 and 3 are instead the bf16
+//! order of [`model::kernels::bf16_partial`]: each input rounded once to bf16, lane `l` taking
+//! element `2l + 1` then `2l` of each block as the AVX-512 BF16 dot-product instruction does
+//! ([`dot_bf16`]). Segments and step 4 stay as they are.
+//!
 //! Element-wise steps use the model crate's functions unchanged (`activate`), and combining
 //! experts is `out[t] = ((+0.0 + w_0 y_0) + w_1 y_1) + ...` over the token's local slots in slot
 //! order, each product rounded before the add, as the reference forward does.
@@ -54,6 +60,21 @@ pub fn dot(w: &[f32], x: &[f32]) -> f32 {
     let mut y = 0f32;
     for s in 0..segments(k) {
         let q = segment_partial(w, x, s * SEGMENT, ((s + 1) * SEGMENT).min(k));
+        y = if s == 0 { q } else { y + q };
+    }
+    y
+}
+
+/// The bf16 order's dot product (no bias): [`dot`] with each segment's partial taken by
+/// [`model::kernels::bf16_partial`] over `x` rounded to bf16.
+pub fn dot_bf16(w: &[f32], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot: lengths differ");
+    let mut rounded = Vec::new();
+    model::kernels::round_rows(x, &mut rounded);
+    let k = w.len();
+    let mut y = 0f32;
+    for s in 0..segments(k) {
+        let q = model::kernels::bf16_partial(w, &rounded, s * SEGMENT, ((s + 1) * SEGMENT).min(k));
         y = if s == 0 { q } else { y + q };
     }
     y

@@ -9,9 +9,10 @@ use crate::error::{Error, Result};
 use crate::executor::Slot;
 use crate::format::card_values;
 use crate::lm_head::{CandidateOptions, LmProposal, RowSampling, propose};
-use crate::numerics::dot;
+use crate::numerics::{dot, dot_bf16};
 use crate::program::{ActivationSpec, LayerKind, Program};
 use crate::weights::{MatrixSource, WeightSource};
+use model::kernels::ActivationDtype;
 
 /// A program's numerics evaluated plainly.
 pub struct SoftwareModel<'a> {
@@ -33,7 +34,10 @@ impl<'a> SoftwareModel<'a> {
             .map(|r| {
                 let (w, row) = src.row(r);
                 let values = card_values(w, row, src.cols, matrix.format);
-                let y = dot(&values, x);
+                let y = match matrix.activations {
+                    ActivationDtype::Bf16 => dot_bf16(&values, x),
+                    ActivationDtype::F32 => dot(&values, x),
+                };
                 match &src.bias {
                     Some(b) => y + b[r],
                     None => y,

@@ -12,6 +12,7 @@ use corsair_ffn::reference::SoftwareModel;
 use corsair_ffn::synthetic::{SplitMix, SyntheticWeights, gpt_oss_config, tiny_config};
 use corsair_ffn::{Card, CardOptions};
 use model::config::FfnKind;
+use model::kernels::ActivationDtype;
 use model::weights::WeightFormat;
 use proptest::prelude::*;
 
@@ -35,6 +36,8 @@ struct Case {
     tokens: usize,
     max_tokens: usize,
     seed: u64,
+    /// What the card's products round their inputs to.
+    activations: ActivationDtype,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -102,6 +105,7 @@ fn case() -> impl Strategy<Value = Case> {
                     tokens,
                     max_tokens: tokens + (seed % 3) as usize,
                     seed,
+                    activations: ActivationDtype::F32,
                 }
             },
         )
@@ -155,6 +159,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             rows_per_tile: c.rows_per_tile,
             segments_per_tile: c.segments_per_tile,
         },
+        activations: c.activations,
         ..CompileOptions::default()
     };
     let mut profile = HardwareProfile::default();
@@ -173,6 +178,13 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         let program = compile(&cfg, &stored, a, &options, &profile)
             .unwrap()
             .program;
+        // The compiler marks exactly the bf16 and MXFP4 matrices of whole blocks as bf16.
+        for m in &program.matrices {
+            let bf16 = c.activations == ActivationDtype::Bf16
+                && matches!(m.format, TileFormat::Bf16 | TileFormat::Mxfp4)
+                && m.cols % 32 == 0;
+            prop_assert_eq!(m.activations == ActivationDtype::Bf16, bf16, "{}", m.name);
+        }
         let reference = SoftwareModel::new(&program, &weights);
         let mut card = Card::new(
             program.clone(),
@@ -248,6 +260,20 @@ proptest! {
 
     #[test]
     fn executor_equals_software_model(c in case()) {
+        check(&c)?;
+    }
+
+    /// The same with bf16 activations, widths made whole blocks so that every bf16 and MXFP4
+    /// tile takes the bf16 order (the program says which matrices do; the software model
+    /// follows it).
+    #[test]
+    fn executor_equals_software_model_with_bf16_activations(c in case()) {
+        let c = Case {
+            hidden: c.hidden.div_ceil(32) * 32,
+            inter: c.inter.div_ceil(32) * 32,
+            activations: ActivationDtype::Bf16,
+            ..c
+        };
         check(&c)?;
     }
 }

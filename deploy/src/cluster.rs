@@ -21,6 +21,7 @@ use gpu_attention::node::slot_sizes;
 use gpu_attention::{CardLayout, DisaggregatedNode, NodeConfig};
 use jetstream::{ClusterCa, InprocFabric, NodeIdentity, QuicConfig, QuicTransport, Transport};
 use model::config::FfnKind;
+use model::kernels::ActivationDtype;
 use model::weights::{ExpertFilter, LoadOptions};
 use model::{ModelConfig, ModelWeights};
 use proto::control::{HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor};
@@ -71,6 +72,9 @@ pub struct ClusterConfig {
     pub transport: TransportKind,
     /// Format of expert and dense weights on the cards.
     pub weight_format: FormatChoice,
+    /// What matrix products round their inputs to, on the cards and the attention nodes
+    /// (bf16: bf16 and MXFP4 weights take AVX-512 BF16 dot products). Default f32 (exact).
+    pub activation_dtype: ActivationDtype,
     /// Let weights that do not fit in SRAM stream from LPDDR.
     pub allow_spill: bool,
     /// Replicas of hot experts.
@@ -97,6 +101,7 @@ impl ClusterConfig {
             attention_nodes: 1,
             transport: TransportKind::Quic,
             weight_format: FormatChoice::AsStored,
+            activation_dtype: ActivationDtype::F32,
             allow_spill: false,
             replicas: Vec::new(),
             node: NodeConfig::default(),
@@ -216,6 +221,7 @@ pub fn connect_node(
             num_cards: config.cards as u32,
             assignment_json: serde_json::to_string(assignment).map_err(Error::AssignmentJson)?,
             weight_format: config.weight_format.to_string(),
+            activation_dtype: config.activation_dtype.to_string(),
             max_tokens: config.node.max_tokens as u32,
             allow_spill: config.allow_spill,
             wire_dtype: match config.node.wire_dtype {
@@ -385,6 +391,7 @@ impl EmbeddedCluster {
             &config.model,
             &LoadOptions {
                 experts: ExpertFilter::None,
+                activations: config.activation_dtype,
             },
         )?;
         let mut nodes = Vec::with_capacity(config.attention_nodes);

@@ -144,6 +144,7 @@ pub fn connect_remote_node(
         &config.model,
         &LoadOptions {
             experts: ExpertFilter::None,
+            activations: config.activation_dtype,
         },
     )?;
     connect_node(

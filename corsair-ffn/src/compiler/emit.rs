@@ -128,6 +128,7 @@ impl Builder {
             tiles,
             bias,
             streamed,
+            activations: Default::default(),
         });
         (self.matrices.len() - 1) as u32
     }

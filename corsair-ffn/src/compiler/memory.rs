@@ -327,6 +327,7 @@ mod tests {
                     tiles: tile_list,
                     bias,
                     streamed: false,
+                    activations: Default::default(),
                 });
             }
             // One transient buffer standing for the whole pool.

@@ -11,6 +11,7 @@ mod memory;
 mod tiling;
 
 use model::ModelConfig;
+use model::kernels::ActivationDtype;
 use serde::{Deserialize, Serialize};
 
 pub(crate) use emit::PROPOSAL_FIXED_BYTES;
@@ -41,6 +42,10 @@ pub struct CompileOptions {
     pub tiling: TilingOptions,
     /// LM-head candidates per token the proposal buffer is sized for. Default 64.
     pub candidates: usize,
+    /// What the card's products round their inputs to (bf16: bf16 and MXFP4 tiles use the
+    /// bf16 order of [`crate::numerics`]). Default f32.
+    #[serde(default)]
+    pub activations: ActivationDtype,
 }
 
 impl Default for CompileOptions {
@@ -52,6 +57,7 @@ impl Default for CompileOptions {
             allow_spill: false,
             tiling: TilingOptions::default(),
             candidates: 64,
+            activations: ActivationDtype::F32,
         }
     }
 }
@@ -159,6 +165,11 @@ pub fn compile(
             lm.as_ref(),
             &streamed,
         );
+        for m in &mut program.matrices {
+            if options.activations.rounds(m.format.block_format(), m.cols) {
+                m.activations = ActivationDtype::Bf16;
+            }
+        }
         memory::derive_lifetimes(&mut program);
         program.pool_bytes = memory::allocate_pool(&mut program);
         let pool_cores = program.pool_bytes.div_ceil(profile.core_bytes()) as usize;

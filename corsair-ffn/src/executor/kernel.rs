@@ -13,8 +13,8 @@
 
 pub use model::kernels::KernelChoice;
 use model::kernels::{
-    BlockJob, BlockRows, Paired, Reduction, Sink, Strides, block_sums, prefetch_start,
-    register_blocks,
+    BlockJob, BlockRows, Paired, Reduction, Sink, Strides, bf16_block_sums, block_sums,
+    prefetch_start, register_blocks,
 };
 
 use crate::format::TileFormat;
@@ -133,11 +133,30 @@ pub fn pair_order(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Segment partials of `tile` for `tokens` pair-ordered input rows: row `t` of the input starts
-/// at `x[t * x_stride]` (at the tile's first column). `out[t * rows * segs + r * segs + s]`.
+/// A tile kernel's input rows.
+#[derive(Debug, Clone, Copy)]
+pub enum TileInput<'a> {
+    /// f32, pair-ordered ([`pair_order`]): the f32 order of the numerics.
+    Paired(&'a [f32]),
+    /// Rounded to bf16, in element order: the bf16 order (bf16 and MXFP4 tiles only).
+    Bf16(&'a [u16]),
+}
+
+impl TileInput<'_> {
+    /// The same rows from column `at` on.
+    pub fn skip(self, at: usize) -> Self {
+        match self {
+            TileInput::Paired(x) => TileInput::Paired(&x[at..]),
+            TileInput::Bf16(x) => TileInput::Bf16(&x[at..]),
+        }
+    }
+}
+
+/// Segment partials of `tile` for `tokens` input rows: row `t` of the input starts at
+/// `x[t * x_stride]` (at the tile's first column). `out[t * rows * segs + r * segs + s]`.
 pub fn tile_partials(
     tile: &TileView<'_>,
-    x: &[f32],
+    x: TileInput<'_>,
     x_stride: usize,
     tokens: usize,
     out: &mut [f32],
@@ -172,7 +191,7 @@ pub fn tile_partials(
 /// One tile's partials, register block by register block.
 struct Partials<'a, 'b> {
     tile: &'a TileView<'b>,
-    x: &'a [f32],
+    x: TileInput<'a>,
     x_stride: usize,
     out: &'a mut [f32],
     kernel: KernelChoice,
@@ -200,7 +219,6 @@ impl BlockJob for Partials<'_, '_> {
             },
         )
         .with_prefetch(PREFETCH_BYTES);
-        let xs: [&[f32]; T] = std::array::from_fn(|t| &self.x[(t0 + t) * self.x_stride..]);
         let reduction = Reduction {
             segment: BLOCKS_PER_SEGMENT,
             ..Reduction::whole(0..nb)
@@ -211,7 +229,17 @@ impl BlockJob for Partials<'_, '_> {
             token_stride: tile.rows * ns,
             row_stride: ns,
         };
-        block_sums::<Paired, R, T>(&rows, &xs, &reduction, self.kernel, emit);
+        let at = |t: usize| (t0 + t) * self.x_stride;
+        match self.x {
+            TileInput::Paired(x) => {
+                let xs: [&[f32]; T] = std::array::from_fn(|t| &x[at(t)..]);
+                block_sums::<Paired, R, T>(&rows, &xs, &reduction, self.kernel, emit)
+            }
+            TileInput::Bf16(x) => {
+                let xs: [&[u16]; T] = std::array::from_fn(|t| &x[at(t)..]);
+                bf16_block_sums::<R, T>(&rows, &xs, &reduction, self.kernel, emit)
+            }
+        }
     }
 }
 
@@ -281,7 +309,7 @@ mod tests {
                 pair_order(&e, &mut x);
                 for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
                     let mut out = vec![0f32; 9];
-                    tile_partials(&view, &x, kp, 1, &mut out, kernel);
+                    tile_partials(&view, TileInput::Paired(&x), kp, 1, &mut out, kernel);
                     for (r, got) in out.iter().enumerate() {
                         let want = card_values(&m, r, Span::new(0, cols), format)[k];
                         // +0.0 + w: a -0.0 weight reads back as +0.0, as the definition says.
@@ -321,8 +349,22 @@ mod tests {
                 }
                 let n = tokens * rows * view.segments();
                 let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-                tile_partials(&view, &x, kp, tokens, &mut a, KernelChoice::Auto);
-                tile_partials(&view, &x, kp, tokens, &mut b, KernelChoice::Portable);
+                tile_partials(
+                    &view,
+                    TileInput::Paired(&x),
+                    kp,
+                    tokens,
+                    &mut a,
+                    KernelChoice::Auto,
+                );
+                tile_partials(
+                    &view,
+                    TileInput::Paired(&x),
+                    kp,
+                    tokens,
+                    &mut b,
+                    KernelChoice::Portable,
+                );
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&a),

@@ -19,7 +19,8 @@ use crate::program::{Op, OutLayout, Program, RegionId, RowCount};
 use crate::weights::BoundMemory;
 use arena::{Arena, f32s, f32s_mut};
 pub use kernel::KernelChoice;
-use kernel::{TileView, pair_order, tile_partials};
+use kernel::{TileInput, TileView, pair_order, tile_partials};
+use model::kernels::{ActivationDtype, round_bf16};
 
 /// One routing slot of a token: a local expert and its weight, or [`Slot::EMPTY`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -95,6 +96,8 @@ pub(crate) struct Executor {
     kernel: KernelChoice,
     /// Pair-ordered inputs of the current matmul (reused).
     xp: Vec<f32>,
+    /// Inputs of the current matmul rounded to bf16 (reused; bf16 matrices).
+    xb: Vec<u16>,
 }
 
 impl Executor {
@@ -118,6 +121,7 @@ impl Executor {
             pool,
             kernel: options.kernel,
             xp: Vec::new(),
+            xb: Vec::new(),
         })
     }
 
@@ -342,9 +346,21 @@ impl Executor {
         // Pair-ordered inputs, one row per token.
         let xw = Arena::range(&self.program, *input, 0, r * k)?;
         let x = f32s(self.arena.get(xw)?);
-        self.xp.resize(r * kp, 0.0);
-        for (src, dst) in x.chunks_exact(k).zip(self.xp.chunks_exact_mut(kp)) {
-            pair_order(src, dst);
+        let bf16 = m.activations == ActivationDtype::Bf16;
+        if bf16 {
+            // Rounded once, zero-padded to whole blocks.
+            self.xb.clear();
+            self.xb.resize(r * kp, 0);
+            for (src, dst) in x.chunks_exact(k).zip(self.xb.chunks_exact_mut(kp)) {
+                for (d, &v) in dst.iter_mut().zip(src) {
+                    *d = round_bf16(v);
+                }
+            }
+        } else {
+            self.xp.resize(r * kp, 0.0);
+            for (src, dst) in x.chunks_exact(k).zip(self.xp.chunks_exact_mut(kp)) {
+                pair_order(src, dst);
+            }
         }
         // Each tile's weights (resident, or streamed into a staging buffer) and its partials.
         let max = self.program.max_tokens;
@@ -389,9 +405,14 @@ impl Executor {
                 chunk,
             ));
         }
-        let (xp, kernel) = (&self.xp, self.kernel);
+        let input = if bf16 {
+            TileInput::Bf16(&self.xb)
+        } else {
+            TileInput::Paired(&self.xp)
+        };
+        let kernel = self.kernel;
         let job = |(view, c0, chunk): (TileView<'_>, usize, &mut [f32])| {
-            tile_partials(&view, &xp[c0..], kp, r, chunk, kernel)
+            tile_partials(&view, input.skip(c0), kp, r, chunk, kernel)
         };
         match &self.pool {
             Some(pool) => pool.install(|| jobs.into_par_iter().for_each(job)),

@@ -87,6 +87,7 @@ impl Parts {
             tiles,
             bias: None,
             streamed,
+            activations: Default::default(),
         });
         (self.matrices.len() - 1) as u32
     }

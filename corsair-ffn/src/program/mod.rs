@@ -186,6 +186,10 @@ pub struct Matrix {
     pub bias: Option<RegionId>,
     /// Whether the tiles live in LPDDR and are streamed in before use.
     pub streamed: bool,
+    /// What products with this matrix round their inputs to (set by the compiler; bf16 only
+    /// for bf16 and MXFP4 tiles).
+    #[serde(default)]
+    pub activations: model::kernels::ActivationDtype,
 }
 
 impl Matrix {

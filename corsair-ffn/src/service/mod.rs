@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use jetstream::{InprocTransport, QuicTransport, RegionConfig, Transport};
 use model::checkpoint::Checkpoint;
+use model::kernels::ActivationDtype;
 use model::weights::LoadOptions;
 use model::{ModelConfig, ModelWeights};
 use proto::control::{HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor};
@@ -111,6 +112,7 @@ pub(crate) struct Shard {
     pub assignment_json: String,
     pub weight_format: String,
     pub wire_dtype: WireDtype,
+    pub activations: ActivationDtype,
     pub messages: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
@@ -212,6 +214,7 @@ impl CardHost {
             }
         }
         let wire_dtype: WireDtype = req.wire_dtype.parse().map_err(ServiceError::Invalid)?;
+        let activations = activation_dtype(&req.activation_dtype)?;
         let shard = {
             let mut slot = self.shard.lock().unwrap_or_else(|p| p.into_inner());
             match slot.as_ref() {
@@ -220,10 +223,12 @@ impl CardHost {
                         || s.assignment_json != req.assignment_json
                         || s.weight_format != req.weight_format
                         || s.wire_dtype != wire_dtype
+                        || s.activations != activations
                     {
                         return Err(ServiceError::Refused(format!(
                             "card {me} already serves another shard (model {}, format {}); every attention \
-                             node sharing the cards must use the same model, placement and formats",
+                             node sharing the cards must use the same model, placement, formats and \
+                             activation dtype",
                             s.fingerprint, s.weight_format
                         )));
                     }
@@ -277,6 +282,7 @@ impl CardHost {
             max_tokens: req.max_tokens as usize,
             allow_spill: req.allow_spill,
             candidates: req.lm_head_candidates as usize,
+            activations: activation_dtype(&req.activation_dtype)?,
             ..CompileOptions::default()
         };
         let compiled = compile(
@@ -302,6 +308,7 @@ impl CardHost {
             dir,
             &LoadOptions {
                 experts: assignment.expert_filter(),
+                ..LoadOptions::default()
             },
         )
         .map_err(crate::Error::from)?;
@@ -321,6 +328,7 @@ impl CardHost {
             assignment_json: req.assignment_json.clone(),
             weight_format: req.weight_format.clone(),
             wire_dtype,
+            activations: activation_dtype(&req.activation_dtype)?,
             messages: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
@@ -531,6 +539,14 @@ impl Drop for CardHost {
 }
 
 /// Time a closure and add it to the shard's compute seconds.
+/// The request's activation dtype (empty: f32, what an attention node that names none means).
+fn activation_dtype(text: &str) -> Result<ActivationDtype, ServiceError> {
+    if text.is_empty() {
+        return Ok(ActivationDtype::F32);
+    }
+    text.parse().map_err(ServiceError::Invalid)
+}
+
 pub(crate) fn timed<R>(shard: &Shard, f: impl FnOnce() -> R) -> R {
     let t = Instant::now();
     let r = f();

@@ -204,6 +204,7 @@ pub fn run(args: &Args, checkpoint: &Path) -> Result<()> {
         checkpoint,
         &LoadOptions {
             experts: ExpertFilter::None,
+            ..LoadOptions::default()
         },
     )
     .with_context(|| format!("loading {}", checkpoint.display()))?;

@@ -350,6 +350,7 @@ impl Deployment {
         config.attention_nodes = a.nodes;
         config.transport = self.transport.kind;
         config.weight_format = self.model.format;
+        config.activation_dtype = self.model.activation_dtype;
         config.allow_spill = c.allow_spill;
         config.replicas = c
             .replicas

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use corsair_ffn::FormatChoice;
 use gpu_attention::{AttentionDevice, MicroBatches};
 use model::Family;
+use model::kernels::ActivationDtype;
 use proto::data::WireDtype;
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,9 @@ pub struct ModelSection {
     /// Format of expert and dense FFN weights on the cards: `as-stored`, `bf16`, `mxfp4` or
     /// `mxint8`. Default: `as-stored` (GPT-OSS experts stay MXFP4).
     pub format: FormatChoice,
+    /// What matrix products round their inputs to: `f32` (exact) or `bf16` (bf16 and MXFP4
+    /// weights take AVX-512 BF16 dot products, as a bf16 model computes). Default: `f32`.
+    pub activation_dtype: ActivationDtype,
     /// The model's id in `/v1/models` and in responses. Default: the checkpoint folder's name.
     pub served_name: Option<String>,
 }
@@ -41,6 +45,7 @@ impl Default for ModelSection {
             shape: None,
             family: None,
             format: FormatChoice::AsStored,
+            activation_dtype: ActivationDtype::F32,
             served_name: None,
         }
     }

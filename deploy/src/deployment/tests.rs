@@ -119,7 +119,8 @@ fn a_named_shape_plans_but_does_not_run() {
 #[test]
 fn cluster_config_carries_the_keys() {
     let d = parse(
-        "[model]\nformat = \"mxint8\"\n[cards]\ncount = 3\nallow_spill = true\n\
+        "[model]\nformat = \"mxint8\"\nactivation_dtype = \"bf16\"\n[cards]\ncount = 3\n\
+         allow_spill = true\n\
          replicas = [{ expert = 1 }]\n[transport]\nkind = \"inproc\"\n\
          [attention]\nnodes = 2\nmax_num_seqs = 4\nmax_model_len = 100\nblock_size = 16\n\
          [overlap]\nmicro_batches = 1\n",
@@ -130,6 +131,7 @@ fn cluster_config_carries_the_keys() {
     assert_eq!(c.attention_nodes, 2);
     assert_eq!(c.transport, TransportKind::Inproc);
     assert_eq!(c.weight_format, corsair_ffn::FormatChoice::Mxint8);
+    assert_eq!(c.activation_dtype, model::kernels::ActivationDtype::Bf16);
     assert!(c.allow_spill);
     assert_eq!(c.replicas.len(), 1);
     assert_eq!(c.node.micro_batches, gpu_attention::MicroBatches::One);

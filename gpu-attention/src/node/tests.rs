@@ -221,6 +221,7 @@ fn node_with(
         dir,
         &LoadOptions {
             experts: ExpertFilter::None,
+            ..LoadOptions::default()
         },
     )
     .unwrap();

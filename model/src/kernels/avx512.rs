@@ -12,9 +12,9 @@ use crate::mxfp4::{self, ScaledFp4};
 use std::arch::x86_64::*;
 
 const F32: u8 = 0;
-const BF16: u8 = 1;
+pub(super) const BF16: u8 = 1;
 const F16: u8 = 2;
-const MXFP4: u8 = 3;
+pub(super) const MXFP4: u8 = 3;
 const MXINT8: u8 = 4;
 
 /// Whether this CPU can run this path.
@@ -201,7 +201,7 @@ fn term<O: SumOrder>(acc: __m512, w: __m512, x: __m512) -> __m512 {
 /// The 16 lanes of `acc` folded by [`super::fold_lanes`]'s halving tree (8, 4, 2, 1).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn fold(acc: __m512) -> f32 {
+pub(super) fn fold(acc: __m512) -> f32 {
     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
     let v8 = _mm256_add_ps(_mm512_castps512_ps256(acc), high);
     let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));
@@ -214,7 +214,7 @@ fn fold(acc: __m512) -> f32 {
 /// from the base, its scales' `b * steps.1` (see `BlockRows::prefetch_steps`).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn prefetch<const F: u8, const R: usize>(
+pub(super) fn prefetch<const F: u8, const R: usize>(
     w: &BlockRows<'_, R>,
     data: *const u8,
     scales: *const u8,

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::{
     BLOCK, BlockFormat, BlockJob, BlockRows, KernelChoice, LANES, Reduction, Strided, Strides,
-    block_sums, register_blocks,
+    bf16_block_sums, block_sums, register_blocks, round_rows,
 };
 use crate::weights::WeightMatrix;
 
@@ -16,9 +16,11 @@ const PREFETCH_BYTES: usize = 16384;
 /// Output rows handled by one parallel task.
 const ROWS_PER_TASK: usize = 32;
 
-/// Rows `n0..n0 + count` of `w` against every token, into `tile` (`[count, tokens]`).
+/// Rows `n0..n0 + count` of `w` against every token, into `tile` (`[tokens, count]`).
 struct Tile<'a> {
     x: &'a [f32],
+    /// `x` rounded to bf16, when the matrix's products round their inputs.
+    x_bf16: Option<&'a [u16]>,
     tokens: usize,
     w: &'a WeightMatrix,
     n0: usize,
@@ -47,6 +49,26 @@ impl BlockJob for Tile<'_> {
             },
         )
         .with_prefetch(PREFETCH_BYTES);
+        if let Some(xb) = self.x_bf16 {
+            let xs: [&[u16]; T] =
+                std::array::from_fn(|t| &xb[(t0 + t) * cols..(t0 + t + 1) * cols]);
+            let count = self.tile.len() / self.tokens;
+            let tile = &mut *self.tile;
+            bf16_block_sums::<R, T>(
+                &rows,
+                &xs,
+                &Reduction::whole(0..cols / BLOCK),
+                self.kernel,
+                |_, sums: &[[f32; T]; R]| {
+                    for (r, sums) in sums.iter().enumerate() {
+                        for (t, s) in sums.iter().enumerate() {
+                            tile[(t0 + t) * count + r0 + r] = *s;
+                        }
+                    }
+                },
+            );
+            return;
+        }
         let xs: [&[f32]; T] =
             std::array::from_fn(|t| &self.x[(t0 + t) * cols..(t0 + t + 1) * cols]);
         // Whole blocks, then the next 16 values when there are that many, then one by one.
@@ -55,7 +77,8 @@ impl BlockJob for Tile<'_> {
             ..Reduction::whole(0..cols / BLOCK)
         };
         let tail_from = cols / LANES * LANES;
-        let (tile, tokens) = (&mut *self.tile, self.tokens);
+        let count = self.tile.len() / self.tokens;
+        let tile = &mut *self.tile;
         block_sums::<Strided, R, T>(
             &rows,
             &xs,
@@ -68,7 +91,7 @@ impl BlockJob for Tile<'_> {
                         for (k, x) in xs[t].iter().enumerate().skip(tail_from) {
                             tail += w.element(row(r), k) * x;
                         }
-                        tile[(r0 + r) * tokens + t0 + t] = s + tail;
+                        tile[(t0 + t) * count + r0 + r] = s + tail;
                     }
                 }
             },
@@ -78,7 +101,9 @@ impl BlockJob for Tile<'_> {
 
 /// `out[t, n] = sum_k x[t, k] * w[n, k] + bias[n]` for `tokens` rows of `x` (`[tokens, cols]`),
 /// writing `out` (`[tokens, rows]`), in the [`Strided`] order: bitwise [`super::dot`] of the
-/// decoded row, plus the bias (or `+0.0`). Runs on the rayon pool.
+/// decoded row, plus the bias (or `+0.0`); or, where the matrix's products round their inputs
+/// to bf16 ([`WeightMatrix::activations`]), in the order of [`super::bf16_partial`] on the
+/// rounded inputs. Runs on the rayon pool.
 pub fn matmul(x: &[f32], tokens: usize, w: &WeightMatrix, bias: Option<&[f32]>, out: &mut [f32]) {
     matmul_with(x, tokens, w, bias, out, KernelChoice::Auto)
 }
@@ -101,6 +126,14 @@ pub fn matmul_with(
     if tokens == 0 || rows == 0 {
         return;
     }
+    let rounded = w
+        .activations()
+        .rounds(BlockFormat::of(w.format()), cols)
+        .then(|| {
+            let mut xb = Vec::new();
+            round_rows(x, &mut xb);
+            xb
+        });
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     let run = |task: usize| {
         let n0 = task * ROWS_PER_TASK;
@@ -108,6 +141,7 @@ pub fn matmul_with(
         let mut buf = vec![0f32; count * tokens];
         let mut tile = Tile {
             x,
+            x_bf16: rounded.as_deref(),
             tokens,
             w,
             n0,
@@ -125,10 +159,23 @@ pub fn matmul_with(
         (0..tasks).into_par_iter().map(run).collect()
     };
     for (n0, buf) in tiles {
-        for (i, col) in buf.chunks_exact(tokens).enumerate() {
-            let b = bias.map_or(0.0, |b| b[n0 + i]);
-            for (t, v) in col.iter().enumerate() {
-                out[t * rows + n0 + i] = v + b;
+        // Token-major in the tile, so each token's run of outputs is one contiguous copy (a
+        // row-major walk would write `tokens` lines `rows * 4` bytes apart per row, which for
+        // power-of-two widths all fall in one cache set).
+        let count = buf.len() / tokens;
+        for (t, run) in buf.chunks_exact(count).enumerate() {
+            let dst = &mut out[t * rows + n0..t * rows + n0 + count];
+            match bias {
+                Some(b) => {
+                    for ((d, v), b) in dst.iter_mut().zip(run).zip(&b[n0..n0 + count]) {
+                        *d = v + b;
+                    }
+                }
+                None => {
+                    for (d, v) in dst.iter_mut().zip(run) {
+                        *d = v + 0.0;
+                    }
+                }
             }
         }
     }

@@ -25,10 +25,17 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_bf16;
+mod bf16;
 mod block;
 mod matmul;
 mod portable;
 
+pub use bf16::{
+    ActivationDtype, bf16_block_sums, bf16_partial, bf16_value, flushed_term, round_bf16,
+    round_rows,
+};
 pub use block::{BlockFormat, BlockRows, Lanes, Strides, decode_block, decode_value};
 pub use matmul::{matmul, matmul_with};
 
@@ -316,5 +323,7 @@ pub fn prefetch_start(bytes: &[u8], limit: usize) {
     let _ = (bytes, limit);
 }
 
+#[cfg(test)]
+mod bf16_tests;
 #[cfg(test)]
 pub(crate) mod tests;

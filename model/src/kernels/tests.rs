@@ -32,7 +32,7 @@ pub(crate) fn values(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn bf16_matrix(rows: usize, cols: usize, seed: u64) -> (WeightMatrix, Vec<f32>) {
+pub(crate) fn bf16_matrix(rows: usize, cols: usize, seed: u64) -> (WeightMatrix, Vec<f32>) {
     let w: Vec<f32> = values(seed, rows * cols)
         .into_iter()
         .map(|v| half::bf16::from_f32(v).to_f32())
@@ -47,7 +47,7 @@ fn bf16_matrix(rows: usize, cols: usize, seed: u64) -> (WeightMatrix, Vec<f32>) 
     )
 }
 
-fn mxfp4_matrix(rows: usize, cols: usize, seed: u64) -> WeightMatrix {
+pub(crate) fn mxfp4_matrix(rows: usize, cols: usize, seed: u64) -> WeightMatrix {
     let raw = values(seed, rows * cols);
     let mut blocks = vec![0u8; rows * cols / 2];
     let mut scales = vec![0u8; rows * cols / 32];
@@ -131,7 +131,7 @@ fn bf16_and_strided_rows() {
 
 /// Natural-order values of `blocks` random blocks of `format`, and their stored bytes and
 /// scales as the order `paired` reads them (f32 and MXINT8 even elements first when paired).
-fn random_blocks(
+pub(crate) fn random_blocks(
     format: BlockFormat,
     paired: bool,
     blocks: usize,

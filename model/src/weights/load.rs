@@ -63,6 +63,8 @@ impl ExpertFilter {
 pub struct LoadOptions {
     /// Which experts to load.
     pub experts: ExpertFilter,
+    /// What the loaded matrices' products round their inputs to (default f32: exact).
+    pub activations: crate::kernels::ActivationDtype,
 }
 
 impl ModelWeights {
@@ -81,12 +83,16 @@ impl ModelWeights {
             options,
         }
         .load()
-        .map(|(embed, layers, final_norm, lm_head)| ModelWeights {
-            config,
-            embed,
-            layers,
-            final_norm,
-            lm_head,
+        .map(|(embed, layers, final_norm, lm_head)| {
+            let mut weights = ModelWeights {
+                config,
+                embed,
+                layers,
+                final_norm,
+                lm_head,
+            };
+            weights.set_activations(options.activations);
+            weights
         })
     }
 }

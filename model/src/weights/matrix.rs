@@ -6,6 +6,7 @@
 
 use crate::checkpoint::{SharedBytes, StoredDtype, StoredTensor};
 use crate::error::{Error, Result};
+use crate::kernels::ActivationDtype;
 use crate::mxfp4;
 
 /// How the elements of a weight matrix are stored.
@@ -56,6 +57,8 @@ pub struct WeightMatrix {
     scales: Option<SharedBytes>,
     first_row: usize,
     row_step: usize,
+    /// What products with this matrix round their inputs to (see [`ActivationDtype`]).
+    activations: ActivationDtype,
 }
 
 impl WeightMatrix {
@@ -94,6 +97,7 @@ impl WeightMatrix {
             scales: None,
             first_row: 0,
             row_step: 1,
+            activations: ActivationDtype::F32,
         }
     }
 
@@ -124,7 +128,20 @@ impl WeightMatrix {
             scales: Some(scales),
             first_row: 0,
             row_step: 1,
+            activations: ActivationDtype::F32,
         }
+    }
+
+    /// The same matrix, its products rounding their inputs as `dtype` says (where the format
+    /// allows: [`ActivationDtype::rounds`]).
+    pub fn with_activations(mut self, dtype: ActivationDtype) -> Self {
+        self.activations = dtype;
+        self
+    }
+
+    /// What products with this matrix round their inputs to.
+    pub fn activations(&self) -> ActivationDtype {
+        self.activations
     }
 
     /// Output features.

@@ -13,6 +13,7 @@ pub use matrix::{WeightFormat, WeightMatrix};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::kernels::ActivationDtype;
 
 /// A linear layer `y = x W^T + b`.
 #[derive(Debug, Clone)]
@@ -121,4 +122,42 @@ pub struct ModelWeights {
     pub final_norm: Vec<f32>,
     /// `[vocab, hidden]` (the embedding matrix when tied).
     pub lm_head: WeightMatrix,
+}
+
+impl Linear {
+    fn set_activations(&mut self, dtype: ActivationDtype) {
+        self.weight = self.weight.clone().with_activations(dtype);
+    }
+}
+
+impl GatedMlp {
+    fn set_activations(&mut self, dtype: ActivationDtype) {
+        for l in [&mut self.gate, &mut self.up, &mut self.down] {
+            l.set_activations(dtype);
+        }
+    }
+}
+
+impl ModelWeights {
+    /// Every matrix product of the model (attention, router, experts, dense FFNs, LM head)
+    /// rounds its inputs as `dtype` says, where the weights' format allows
+    /// ([`ActivationDtype::rounds`]); the embedding is a lookup and keeps its values.
+    pub fn set_activations(&mut self, dtype: ActivationDtype) {
+        for layer in &mut self.layers {
+            let a = &mut layer.attention;
+            for l in [&mut a.q, &mut a.k, &mut a.v, &mut a.o] {
+                l.set_activations(dtype);
+            }
+            match &mut layer.ffn {
+                FfnWeights::Moe(moe) => {
+                    moe.router.set_activations(dtype);
+                    for e in moe.experts.iter_mut().flatten() {
+                        e.set_activations(dtype);
+                    }
+                }
+                FfnWeights::Dense(mlp) => mlp.set_activations(dtype),
+            }
+        }
+        self.lm_head = self.lm_head.clone().with_activations(dtype);
+    }
 }

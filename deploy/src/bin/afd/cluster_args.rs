@@ -7,6 +7,7 @@ use corsair_ffn::FormatChoice;
 use deploy::cluster::{ClusterConfig, TransportKind};
 use gpu_attention::kv_cache::KvCacheConfig;
 use gpu_attention::{AttentionDevice, MicroBatches};
+use model::kernels::ActivationDtype;
 use proto::data::WireDtype;
 
 /// How the cards and attention nodes are set up (embedded deployments).
@@ -44,6 +45,11 @@ pub struct NodeArgs {
     /// Weight format on the cards: as-stored, bf16, mxfp4 or mxint8.
     #[arg(long, default_value = "as-stored")]
     pub format: FormatChoice,
+    /// What matrix products round their inputs to: f32 (exact, the fixtures' numerics) or
+    /// bf16 (as a bf16 model computes in PyTorch or llama.cpp: bf16 and MXFP4 weights take
+    /// AVX-512 BF16 dot products, sums stay f32; faster where the CPU has them).
+    #[arg(long, default_value = "f32")]
+    pub activation_dtype: ActivationDtype,
     /// Let expert weights that do not fit in SRAM stream from LPDDR (modeled cost).
     #[arg(long)]
     pub allow_spill: bool,
@@ -96,6 +102,7 @@ impl NodeArgs {
     pub fn config(&self, model: PathBuf, cards: usize) -> ClusterConfig {
         let mut c = ClusterConfig::new(model, cards);
         c.weight_format = self.format;
+        c.activation_dtype = self.activation_dtype;
         c.allow_spill = self.allow_spill;
         c.node.reply_timeout = std::time::Duration::from_secs_f64(self.reply_timeout.max(0.001));
         c.node.micro_batches = self.micro_batches;

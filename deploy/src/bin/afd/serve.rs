@@ -160,8 +160,14 @@ pub fn build_nodes(
         let mut nodes: Vec<Box<dyn AttentionNode>> = Vec::new();
         for j in 0..config.attention_nodes {
             progress(StartEvent::ConnectingNode(j, config.attention_nodes));
-            let weights = model::ModelWeights::load(&config.model)
-                .with_context(|| format!("loading {}", config.model.display()))?;
+            let weights = model::ModelWeights::load_with(
+                &config.model,
+                &model::weights::LoadOptions {
+                    activations: config.activation_dtype,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("loading {}", config.model.display()))?;
             let device = config.node.device;
             if device.is_host() {
                 let capacity = config.node.kv.capacity(&weights.config);

@@ -1,0 +1,251 @@
+use super::tests::{random_blocks, values};
+use super::*;
+use crate::weights::WeightMatrix;
+use proptest::prelude::*;
+
+/// 3 rows x 2 inputs of `format` over `blocks` blocks, rows interleaved block by block (the
+/// card's tile layout), in segments of `segment` blocks: each path's sums against
+/// [`bf16_partial`] of the decoded values and the rounded inputs, segment by segment.
+fn check_bf16(format: BlockFormat, blocks: usize, segment: usize, seed: u64) {
+    let rows: Vec<_> = (0..3)
+        .map(|r| random_blocks(format, false, blocks, seed + r))
+        .collect();
+    let bb = format.block_bytes();
+    let mut data = vec![0u8; 3 * blocks * bb];
+    let mut scales = vec![0u8; 3 * blocks];
+    for (r, (_, d, s)) in rows.iter().enumerate() {
+        for b in 0..blocks {
+            data[(b * 3 + r) * bb..(b * 3 + r + 1) * bb].copy_from_slice(&d[b * bb..(b + 1) * bb]);
+            scales[b * 3 + r] = s[b];
+        }
+    }
+    let x: Vec<Vec<u16>> = (0..2)
+        .map(|t| {
+            let mut xb = Vec::new();
+            round_rows(&values(seed + 10 + t, blocks * BLOCK), &mut xb);
+            xb
+        })
+        .collect();
+    let w = BlockRows::<3>::new(
+        format,
+        &data,
+        Strides {
+            row: bb,
+            block: 3 * bb,
+        },
+        &scales,
+        Strides { row: 1, block: 3 },
+    );
+    let reduction = Reduction {
+        segment,
+        ..Reduction::whole(0..blocks)
+    };
+    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+        let mut got = vec![[[0f32; 2]; 3]; reduction.segments()];
+        bf16_block_sums::<3, 2>(
+            &w,
+            &[&x[0], &x[1]],
+            &reduction,
+            kernel,
+            |s: usize, sums: &[[f32; 2]; 3]| got[s] = *sums,
+        );
+        for (s, got) in got.iter().enumerate() {
+            let (start, end) = (s * segment * BLOCK, ((s + 1) * segment).min(blocks) * BLOCK);
+            for (r, (natural, _, _)) in rows.iter().enumerate() {
+                for t in 0..2 {
+                    let want = bf16_partial(natural, &x[t], start, end);
+                    assert_eq!(
+                        got[r][t].to_bits(),
+                        want.to_bits(),
+                        "{format:?} {kernel:?} segment {s} row {r} input {t}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_order_equals_its_definition_on_both_paths() {
+    for format in [BlockFormat::Bf16, BlockFormat::Mxfp4] {
+        for (blocks, segment, seed) in [(1, 1, 1), (3, 2, 7), (16, 16, 11), (35, 16, 3)] {
+            check_bf16(format, blocks, segment, seed);
+        }
+    }
+}
+
+/// Whole blocks of bf16 bits `w` against bf16 bits `x` on the path `kernel` picks.
+fn blocks(w: &[u16], x: &[u16], kernel: KernelChoice) -> f32 {
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let rows = BlockRows::<1>::new(
+        BlockFormat::Bf16,
+        &bytes,
+        Strides { row: 64, block: 64 },
+        &[],
+        Strides { row: 0, block: 0 },
+    );
+    let mut got = 0f32;
+    bf16_block_sums::<1, 1>(
+        &rows,
+        &[x],
+        &Reduction::whole(0..w.len() / BLOCK),
+        kernel,
+        |_, s: &[[f32; 1]; 1]| got = s[0][0],
+    );
+    got
+}
+
+/// A bf16 value `m * 2^e` with a 7-bit mantissa `m` in `[-127, 127]`.
+fn bf16_of(m: i32, e: i32) -> u16 {
+    round_bf16(m as f32 * 2f32.powi(e))
+}
+
+proptest! {
+    #[test]
+    fn the_instruction_adds_as_the_definition_says(
+        w in prop::array::uniform32((-127i32..128, -30i32..30)),
+        x in prop::array::uniform32((-127i32..128, -30i32..30)),
+    ) {
+        // Products differ in size by up to 2^120, so each lane's odd-then-even order and its
+        // one rounding per product show in the bits.
+        let w: [u16; 32] = w.map(|(m, e)| bf16_of(m, e));
+        let x: [u16; 32] = x.map(|(m, e)| bf16_of(m, e));
+        let values: Vec<f32> = w.iter().map(|&b| bf16_value(b)).collect();
+        let want = bf16_partial(&values, &x, 0, 32);
+        for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+            prop_assert_eq!(blocks(&w, &x, kernel).to_bits(), want.to_bits());
+        }
+    }
+}
+
+#[test]
+fn a_lane_adds_its_odd_element_first_with_one_rounding_each() {
+    // Lane 0 holds 1 from block 0, then block 1's odd product -1 and even product 2^-24.
+    // Odd first: 1 - 1 = 0, then + 2^-24 = 2^-24. Even first would give 1 + 2^-24 = 1 (a tie,
+    // to even), then - 1 = 0.
+    let mut w = [0u16; 64];
+    let mut x = [0u16; 64];
+    let one = round_bf16(1.0);
+    (w[0], x[0]) = (one, one);
+    (w[33], x[33]) = (round_bf16(-1.0), one);
+    (w[32], x[32]) = (round_bf16(2f32.powi(-12)), round_bf16(2f32.powi(-12)));
+    let values: Vec<f32> = w.iter().map(|&b| bf16_value(b)).collect();
+    let want = bf16_partial(&values, &x, 0, 64);
+    assert_eq!(want, 2f32.powi(-24));
+    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+        assert_eq!(
+            blocks(&w, &x, kernel).to_bits(),
+            want.to_bits(),
+            "{kernel:?}"
+        );
+    }
+}
+
+#[test]
+fn inputs_and_results_below_the_normal_range_are_zero() {
+    let tiny = f32::MIN_POSITIVE / 4.0;
+    assert_eq!(flushed_term(0.0, tiny, 1.0), 0.0);
+    assert_eq!(flushed_term(tiny, 1.0, 0.0), 0.0);
+    // 2^-70 * 2^-70 is far below the normal range: flushed, not kept as a subnormal.
+    assert_eq!(flushed_term(0.0, 2f32.powi(-70), 2f32.powi(-70)), 0.0);
+    assert_eq!(flushed_term(1.0, 2.0, 3.0), 7.0);
+    let mut w = [0u16; 32];
+    let mut x = [0u16; 32];
+    w[0] = round_bf16(tiny);
+    x[0] = round_bf16(1.0);
+    w[2] = round_bf16(2f32.powi(-70));
+    x[2] = round_bf16(2f32.powi(-70));
+    w[5] = round_bf16(3.0);
+    x[5] = round_bf16(0.5);
+    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+        assert_eq!(blocks(&w, &x, kernel), 1.5, "{kernel:?}");
+    }
+}
+
+#[test]
+fn rounding_to_bf16_is_to_nearest_even() {
+    assert_eq!(round_bf16(1.0), 0x3f80);
+    // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to the even 1.
+    assert_eq!(round_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
+    // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to the even 1 + 2^-6.
+    assert_eq!(round_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
+    assert_eq!(round_bf16(1.0 + 2f32.powi(-8) + 2f32.powi(-20)), 0x3f81);
+    assert!(bf16_value(round_bf16(f32::NAN)).is_nan());
+    assert_eq!(bf16_value(round_bf16(f32::INFINITY)), f32::INFINITY);
+    assert_eq!(round_bf16(-0.0), 0x8000);
+}
+
+#[test]
+fn activation_dtypes_parse_and_print() {
+    for (text, dtype) in [
+        ("f32", ActivationDtype::F32),
+        ("bf16", ActivationDtype::Bf16),
+        ("bfloat16", ActivationDtype::Bf16),
+    ] {
+        assert_eq!(text.parse::<ActivationDtype>(), Ok(dtype));
+    }
+    assert_eq!(ActivationDtype::Bf16.to_string(), "bf16");
+    let err = "fp8".parse::<ActivationDtype>().unwrap_err();
+    assert!(err.contains("fp8") && err.contains("bf16"), "{err}");
+    assert!(!ActivationDtype::F32.rounds(BlockFormat::Bf16, 64));
+    assert!(ActivationDtype::Bf16.rounds(BlockFormat::Mxfp4, 64));
+    assert!(!ActivationDtype::Bf16.rounds(BlockFormat::Bf16, 40));
+    assert!(!ActivationDtype::Bf16.rounds(BlockFormat::F32, 64));
+}
+
+/// The reference matmul of bf16 and MXFP4 matrices under bf16 activations: row by row the
+/// definition over the rounded inputs, plus the bias; the same bits on both paths and for any
+/// batch (batch invariance).
+#[test]
+fn matmul_with_bf16_activations_is_the_definition_per_row_and_batch_invariant() {
+    let (rows, cols, tokens) = (37, 96, 6);
+    let bf16 = super::tests::bf16_matrix(rows, cols, 5).0;
+    let mxfp4 = super::tests::mxfp4_matrix(rows, cols, 6);
+    let x = values(9, tokens * cols);
+    let bias = values(13, rows);
+    for m in [bf16, mxfp4] {
+        let m: WeightMatrix = m.with_activations(ActivationDtype::Bf16);
+        let decoded = m.to_f32();
+        let mut xb = Vec::new();
+        round_rows(&x, &mut xb);
+        let mut outs = Vec::new();
+        for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+            let mut out = vec![0f32; tokens * rows];
+            matmul_with(&x, tokens, &m, Some(&bias), &mut out, kernel);
+            for t in 0..tokens {
+                for n in 0..rows {
+                    let want = bf16_partial(
+                        &decoded[n * cols..(n + 1) * cols],
+                        &xb[t * cols..(t + 1) * cols],
+                        0,
+                        cols,
+                    ) + bias[n];
+                    assert_eq!(out[t * rows + n].to_bits(), want.to_bits(), "{kernel:?}");
+                }
+            }
+            outs.push(out);
+        }
+        let mut one = vec![0f32; rows];
+        matmul_with(
+            &x[cols..2 * cols],
+            1,
+            &m,
+            Some(&bias),
+            &mut one,
+            KernelChoice::Auto,
+        );
+        assert_eq!(one, outs[0][rows..2 * rows]);
+        // The default keeps the exact f32 order.
+        let exact = m.clone().with_activations(ActivationDtype::F32);
+        let mut out = vec![0f32; tokens * rows];
+        matmul_with(
+            &x,
+            tokens,
+            &exact,
+            Some(&bias),
+            &mut out,
+            KernelChoice::Auto,
+        );
+        assert_ne!(out, outs[0]);
+    }
+}
