@@ -22,7 +22,7 @@
 # overlap), afd with 2 cards and 1 micro-batch (no overlap), and Hugging Face transformers
 # `generate` (scripts/hf_generate_bench.py) when its Python has torch and transformers.
 # `afd-8cards` (8 cards, 2 micro-batches) runs only when --variants names it, as do the
-# `-bf16` twins of monolithic, afd-2cards and afd-8cards (`--activation-dtype bf16`: activations
+# `-bf16` twins of monolithic, afd-2cards, afd-2cards-no-overlap and afd-8cards (`--activation-dtype bf16`: activations
 # rounded to bf16 where they meet bf16 or MXFP4 weights, the numerics of a bf16 GGUF in llama.cpp).
 # With --with-llamacpp, llama.cpp's llama-server is a variant too (`llama-server`), built from
 # source and fed a GGUF converted from the same checkpoint by scripts/bench_llamacpp.sh (both
@@ -128,6 +128,7 @@ all_variants=(
     "afd-8cards|--cards 8 --micro-batches 2"
     "monolithic-bf16|--reference --activation-dtype bf16"
     "afd-2cards-bf16|--cards 2 --micro-batches 2 --activation-dtype bf16"
+    "afd-2cards-bf16-no-overlap|--cards 2 --micro-batches 1 --activation-dtype bf16"
     "afd-8cards-bf16|--cards 8 --micro-batches 2 --activation-dtype bf16"
 )
 default_variants=",monolithic,afd-1card,afd-2cards,afd-4cards,afd-2cards-no-overlap,"
@@ -138,7 +139,7 @@ for v in "${all_variants[@]}"; do
 done
 # llama-server is the peer, not an afd deployment: --with-llamacpp adds it to any selection.
 if [[ $llamacpp_mode == on ]]; then variants+=("llama-server|"); fi
-[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards, monolithic-bf16, afd-2cards-bf16, afd-8cards-bf16"
+[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards, monolithic-bf16, afd-2cards-bf16, afd-2cards-bf16-no-overlap, afd-8cards-bf16"
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$out/suite.log" >&2; }
 
