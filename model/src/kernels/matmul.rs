@@ -135,6 +135,50 @@ pub fn matmul_with(
             xb
         });
     let tasks = rows.div_ceil(ROWS_PER_TASK);
+    // With one thread in the pool, handing the tasks to it would only make this thread sleep
+    // while that one runs them (a wake-up each way, per product).
+    let serial = tasks == 1 || rayon::current_num_threads() == 1;
+    let add_bias = |n0: usize, dst: &mut [f32], run: &[f32]| match bias {
+        Some(b) => {
+            for ((d, v), b) in dst.iter_mut().zip(run).zip(&b[n0..n0 + run.len()]) {
+                *d = v + b;
+            }
+        }
+        None => {
+            for (d, v) in dst.iter_mut().zip(run) {
+                *d = v + 0.0;
+            }
+        }
+    };
+    if tokens == 1 {
+        // One token: each task's rows are one run of the output, written in place (no tile
+        // buffers to allocate and gather, which at batch 1 cost as much as a small product).
+        let run = |(task, dst): (usize, &mut [f32])| {
+            let n0 = task * ROWS_PER_TASK;
+            register_blocks(
+                dst.len(),
+                1,
+                &mut Tile {
+                    x,
+                    x_bf16: rounded.as_deref(),
+                    tokens,
+                    w,
+                    n0,
+                    tile: &mut *dst,
+                    kernel,
+                },
+            );
+            let mut sums = [0f32; ROWS_PER_TASK];
+            sums[..dst.len()].copy_from_slice(dst);
+            add_bias(n0, dst, &sums[..dst.len()]);
+        };
+        if serial {
+            out.chunks_mut(ROWS_PER_TASK).enumerate().for_each(run);
+        } else {
+            out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(run);
+        }
+        return;
+    }
     let run = |task: usize| {
         let n0 = task * ROWS_PER_TASK;
         let count = ROWS_PER_TASK.min(rows - n0);
@@ -151,9 +195,7 @@ pub fn matmul_with(
         register_blocks(count, tokens, &mut tile);
         (n0, buf)
     };
-    // With one thread in the pool, handing the tasks to it would only make this thread sleep
-    // while that one runs them (a wake-up each way, per product).
-    let tiles: Vec<(usize, Vec<f32>)> = if tasks == 1 || rayon::current_num_threads() == 1 {
+    let tiles: Vec<(usize, Vec<f32>)> = if serial {
         (0..tasks).map(run).collect()
     } else {
         (0..tasks).into_par_iter().map(run).collect()
@@ -164,19 +206,7 @@ pub fn matmul_with(
         // power-of-two widths all fall in one cache set).
         let count = buf.len() / tokens;
         for (t, run) in buf.chunks_exact(count).enumerate() {
-            let dst = &mut out[t * rows + n0..t * rows + n0 + count];
-            match bias {
-                Some(b) => {
-                    for ((d, v), b) in dst.iter_mut().zip(run).zip(&b[n0..n0 + count]) {
-                        *d = v + b;
-                    }
-                }
-                None => {
-                    for (d, v) in dst.iter_mut().zip(run) {
-                        *d = v + 0.0;
-                    }
-                }
-            }
+            add_bias(n0, &mut out[t * rows + n0..t * rows + n0 + count], run);
         }
     }
 }
