@@ -251,10 +251,10 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
     let blocks = &reduction.blocks;
     let steps = w.prefetch_steps(blocks.end).unwrap_or((0, 0));
     for s in 0..reduction.segments() {
-        let first = blocks.start + s * reduction.segment;
-        let last = first.saturating_add(reduction.segment).min(blocks.end);
+        let segment = reduction.segment_blocks(s);
+        let last = segment.end;
         let mut acc = [[_mm512_setzero_ps(); T]; R];
-        for b in first..last {
+        for b in segment.clone() {
             if PREFETCH {
                 prefetch::<F, R>(w, data, scales, steps, b);
             }

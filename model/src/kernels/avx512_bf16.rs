@@ -116,10 +116,9 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
     // SAFETY: all-zero bits, read as 32 bf16 zeros.
     let zero = unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()) };
     for s in 0..reduction.segments() {
-        let first = blocks.start + s * reduction.segment;
-        let last = first.saturating_add(reduction.segment).min(blocks.end);
+        let segment = reduction.segment_blocks(s);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
-        for b in first..last {
+        for b in segment.clone() {
             if PREFETCH {
                 prefetch::<F, R>(w, data, scales, steps, b);
             }

@@ -166,14 +166,12 @@ fn portable<const R: usize, const T: usize>(
     reduction: &Reduction,
     mut emit: impl Sink<R, T>,
 ) {
-    let blocks = &reduction.blocks;
     for s in 0..reduction.segments() {
-        let first = blocks.start + s * reduction.segment;
-        let last = first.saturating_add(reduction.segment).min(blocks.end);
+        let segment = reduction.segment_blocks(s);
         let mut out = [[0f32; T]; R];
         for (r, out) in out.iter_mut().enumerate() {
             let mut acc = [[0f32; LANES]; T];
-            for b in first..last {
+            for b in segment.clone() {
                 let (even, odd) = w.block(r, b, super::Lanes::Pairs);
                 for (acc, x) in acc.iter_mut().zip(x) {
                     let xb = &x[b * BLOCK..(b + 1) * BLOCK];

@@ -1,4 +1,4 @@
-use super::tests::{random_blocks, values};
+use super::tests::{InterleavedRows, values};
 use super::*;
 use crate::weights::WeightMatrix;
 use proptest::prelude::*;
@@ -7,18 +7,8 @@ use proptest::prelude::*;
 /// card's tile layout), in segments of `segment` blocks: each path's sums against
 /// [`bf16_partial`] of the decoded values and the rounded inputs, segment by segment.
 fn check_bf16(format: BlockFormat, blocks: usize, segment: usize, seed: u64) {
-    let rows: Vec<_> = (0..3)
-        .map(|r| random_blocks(format, false, blocks, seed + r))
-        .collect();
-    let bb = format.block_bytes();
-    let mut data = vec![0u8; 3 * blocks * bb];
-    let mut scales = vec![0u8; 3 * blocks];
-    for (r, (_, d, s)) in rows.iter().enumerate() {
-        for b in 0..blocks {
-            data[(b * 3 + r) * bb..(b * 3 + r + 1) * bb].copy_from_slice(&d[b * bb..(b + 1) * bb]);
-            scales[b * 3 + r] = s[b];
-        }
-    }
+    let stored = InterleavedRows::new(format, false, blocks, seed);
+    let rows = &stored.rows;
     let x: Vec<Vec<u16>> = (0..2)
         .map(|t| {
             let mut xb = Vec::new();
@@ -26,16 +16,7 @@ fn check_bf16(format: BlockFormat, blocks: usize, segment: usize, seed: u64) {
             xb
         })
         .collect();
-    let w = BlockRows::<3>::new(
-        format,
-        &data,
-        Strides {
-            row: bb,
-            block: 3 * bb,
-        },
-        &scales,
-        Strides { row: 1, block: 3 },
-    );
+    let w = stored.block_rows();
     let reduction = Reduction {
         segment,
         ..Reduction::whole(0..blocks)

@@ -240,6 +240,13 @@ impl Reduction {
     pub fn segments(&self) -> usize {
         self.blocks.len().div_ceil(self.segment).max(1)
     }
+
+    /// The blocks of segment `s`.
+    #[inline(always)]
+    pub fn segment_blocks(&self, s: usize) -> std::ops::Range<usize> {
+        let first = self.blocks.start + s * self.segment;
+        first..first.saturating_add(self.segment).min(self.blocks.end)
+    }
 }
 
 /// Where [`block_sums`] hands each segment's sums: any `FnMut(segment, &sums)`, or a type whose

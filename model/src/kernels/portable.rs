@@ -13,12 +13,12 @@ pub(super) fn block_sums<O: SumOrder, const R: usize, const T: usize>(
     let lanes = O::lanes(w.format);
     let blocks = &reduction.blocks;
     for s in 0..reduction.segments() {
-        let first = blocks.start + s * reduction.segment;
-        let last = first.saturating_add(reduction.segment).min(blocks.end);
+        let segment = reduction.segment_blocks(s);
+        let last = segment.end;
         let mut out = [[0f32; T]; R];
         for (r, out) in out.iter_mut().enumerate() {
             let mut acc = [[0f32; LANES]; T];
-            for b in first..last {
+            for b in segment.clone() {
                 let (wa, wb) = w.block(r, b, lanes);
                 for (acc, x) in acc.iter_mut().zip(x) {
                     let xb = &x[b * BLOCK..(b + 1) * BLOCK];

@@ -207,36 +207,64 @@ const FORMATS: [BlockFormat; 5] = [
     BlockFormat::Mxint8,
 ];
 
-/// 3 rows x 2 inputs over `blocks` blocks in the paired order, rows interleaved block by block
-/// (the card's tile layout, so strides are exercised): each path's sums against
-/// [`paired_partial`] of the natural-order values.
-fn check_paired(format: BlockFormat, blocks: usize, seed: u64) {
-    let rows: Vec<_> = (0..3)
-        .map(|r| random_blocks(format, true, blocks, seed + r))
-        .collect();
-    let bb = format.block_bytes();
-    let mut data = vec![0u8; 3 * blocks * bb];
-    let mut scales = vec![0u8; 3 * blocks];
-    for (r, (_, d, s)) in rows.iter().enumerate() {
-        for b in 0..blocks {
-            data[(b * 3 + r) * bb..(b * 3 + r + 1) * bb].copy_from_slice(&d[b * bb..(b + 1) * bb]);
-            scales[b * 3 + r] = s[b];
+/// Three rows of random blocks ([`random_blocks`]) stored interleaved block by block, the card's
+/// tile layout (so the kernels' strides are exercised).
+pub(crate) struct InterleavedRows {
+    /// Each row's natural-order values, stored bytes and scales.
+    pub rows: Vec<(Vec<f32>, Vec<u8>, Vec<u8>)>,
+    format: BlockFormat,
+    data: Vec<u8>,
+    scales: Vec<u8>,
+}
+
+impl InterleavedRows {
+    pub(crate) fn new(format: BlockFormat, paired: bool, blocks: usize, seed: u64) -> Self {
+        let rows: Vec<_> = (0..3)
+            .map(|r| random_blocks(format, paired, blocks, seed + r))
+            .collect();
+        let bb = format.block_bytes();
+        let mut data = vec![0u8; 3 * blocks * bb];
+        let mut scales = vec![0u8; 3 * blocks];
+        for (r, (_, d, s)) in rows.iter().enumerate() {
+            for b in 0..blocks {
+                data[(b * 3 + r) * bb..(b * 3 + r + 1) * bb]
+                    .copy_from_slice(&d[b * bb..(b + 1) * bb]);
+                scales[b * 3 + r] = s[b];
+            }
+        }
+        InterleavedRows {
+            rows,
+            format,
+            data,
+            scales,
         }
     }
+
+    pub(crate) fn block_rows(&self) -> BlockRows<'_, 3> {
+        let bb = self.format.block_bytes();
+        BlockRows::<3>::new(
+            self.format,
+            &self.data,
+            Strides {
+                row: bb,
+                block: 3 * bb,
+            },
+            &self.scales,
+            Strides { row: 1, block: 3 },
+        )
+    }
+}
+
+/// 3 rows x 2 inputs over `blocks` blocks in the paired order, rows interleaved block by block:
+/// each path's sums against [`paired_partial`] of the natural-order values.
+fn check_paired(format: BlockFormat, blocks: usize, seed: u64) {
+    let stored = InterleavedRows::new(format, true, blocks, seed);
+    let rows = &stored.rows;
     let x: Vec<Vec<f32>> = (0..2)
         .map(|t| values(seed + 10 + t, blocks * BLOCK))
         .collect();
     let xp: Vec<Vec<f32>> = x.iter().map(|x| pair_ordered(x)).collect();
-    let w = BlockRows::<3>::new(
-        format,
-        &data,
-        Strides {
-            row: bb,
-            block: 3 * bb,
-        },
-        &scales,
-        Strides { row: 1, block: 3 },
-    );
+    let w = stored.block_rows();
     for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
         let mut got = [[0f32; 2]; 3];
         let whole = Reduction::whole(0..blocks);
