@@ -18,6 +18,11 @@
 //! instruction set, so every kernel path gives the same bits as the plain definitions
 //! ([`dot`] and [`paired_partial`]).
 //!
+//! A third order, opt-in, rounds the inputs to bf16 and adds pairs of products with the CPU's
+//! AVX-512 BF16 instruction ([`ActivationDtype::Bf16`], [`bf16_partial`], [`bf16_block_sums`]);
+//! both callers use it where a matrix says so ([`crate::WeightMatrix::activations`], the card's
+//! program), and it too gives the same bits on every path.
+//!
 //! A block's 32 values reach the 16 lanes as two vectors ([`Lanes`]): the first and second
 //! half of the stored block, or its even and odd elements. [`Paired`] deinterleaves bf16, f16
 //! and MXFP4 (a 32-bit word or a byte already holds a pair, so that is a shift or a mask) and
