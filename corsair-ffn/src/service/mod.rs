@@ -538,7 +538,6 @@ impl Drop for CardHost {
     }
 }
 
-/// Time a closure and add it to the shard's compute seconds.
 /// The request's activation dtype (empty: f32, what an attention node that names none means).
 fn activation_dtype(text: &str) -> Result<ActivationDtype, ServiceError> {
     if text.is_empty() {
@@ -547,6 +546,7 @@ fn activation_dtype(text: &str) -> Result<ActivationDtype, ServiceError> {
     text.parse().map_err(ServiceError::Invalid)
 }
 
+/// Time a closure and add it to the shard's compute seconds.
 pub(crate) fn timed<R>(shard: &Shard, f: impl FnOnce() -> R) -> R {
     let t = Instant::now();
     let r = f();

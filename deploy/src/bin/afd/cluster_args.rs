@@ -117,3 +117,33 @@ impl NodeArgs {
         c
     }
 }
+
+/// Refuses bf16 activations for a model run on a GPU: the option is a setting of afd's CPU
+/// kernels, and the device path computes in f32.
+pub fn check_device_numerics(
+    device: AttentionDevice,
+    activations: ActivationDtype,
+) -> anyhow::Result<()> {
+    if !device.is_host() && activations == ActivationDtype::Bf16 {
+        anyhow::bail!(
+            "--activation-dtype bf16 applies to afd's CPU kernels, but the whole model runs on \
+             {device}, which computes in f32; drop --activation-dtype or use --device cpu"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_activations_are_refused_for_a_model_on_a_device_only() {
+        let gpu: AttentionDevice = "candle-cpu".parse().unwrap();
+        let cpu: AttentionDevice = "cpu".parse().unwrap();
+        let e = check_device_numerics(gpu, ActivationDtype::Bf16).unwrap_err();
+        assert!(e.to_string().contains("--activation-dtype"), "{e}");
+        assert!(check_device_numerics(gpu, ActivationDtype::F32).is_ok());
+        assert!(check_device_numerics(cpu, ActivationDtype::Bf16).is_ok());
+    }
+}

@@ -115,9 +115,16 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     // This thread steps the model: make it a worker of the compute pool, as a server's engine is.
     let generation = step::compute::on_own_pool("afd-compute", || {
         if args.reference {
-            let weights = ModelWeights::load(&args.model)
-                .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;
+            let weights = ModelWeights::load_with(
+                &args.model,
+                &model::weights::LoadOptions {
+                    activations: args.cluster.node.activation_dtype,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;
             let device = args.cluster.node.device;
+            crate::cluster_args::check_device_numerics(device, args.cluster.node.activation_dtype)?;
             if device.is_host() {
                 let mut model = ReferenceModel::new(weights)?;
                 first(generate(&mut model, std::slice::from_ref(&request), 0)?)

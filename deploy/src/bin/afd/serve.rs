@@ -169,6 +169,7 @@ pub fn build_nodes(
             )
             .with_context(|| format!("loading {}", config.model.display()))?;
             let device = config.node.device;
+            crate::cluster_args::check_device_numerics(device, config.activation_dtype)?;
             if device.is_host() {
                 let capacity = config.node.kv.capacity(&weights.config);
                 let model = model::ReferenceModel::new(weights)?;

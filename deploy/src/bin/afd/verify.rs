@@ -83,8 +83,15 @@ impl VerifyArgs {
 }
 
 pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
-    let weights = ModelWeights::load(&args.model)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    // The reference rounds as the cards do, so that bf16 activations are compared like for like.
+    let weights = ModelWeights::load_with(
+        &args.model,
+        &model::weights::LoadOptions {
+            activations: args.cluster.node.activation_dtype,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("loading {}", args.model.display()))?;
     let cfg = weights.config.clone();
     let stored = match &weights.layers.iter().find_map(|l| match &l.ffn {
         model::weights::FfnWeights::Moe(m) => m
