@@ -18,13 +18,8 @@ use model::weights::FfnWeights;
 use model::{ModelConfig, ModelWeights};
 
 fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("config.json").exists())
-        .collect();
-    dirs.sort();
+    let dirs = model::test_support::fixture_dirs().unwrap();
+    let root = model::test_support::fixtures_root();
     assert!(dirs.len() >= 6, "fixtures missing in {}", root.display());
     dirs
 }

@@ -93,6 +93,18 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// The checkpoint's weights as this deployment computes with them: the experts `experts`
+    /// names, every product rounding its inputs as `activation_dtype` says.
+    pub fn load_weights(&self, experts: ExpertFilter) -> Result<ModelWeights> {
+        Ok(ModelWeights::load_with(
+            &self.model,
+            &LoadOptions {
+                experts,
+                activations: self.activation_dtype,
+            },
+        )?)
+    }
+
     /// Defaults for `model` on `cards` cards.
     pub fn new(model: impl Into<PathBuf>, cards: usize) -> Self {
         ClusterConfig {
@@ -387,13 +399,7 @@ impl EmbeddedCluster {
                 runtime.handle().clone(),
             )));
         }
-        let attention_weights = ModelWeights::load_with(
-            &config.model,
-            &LoadOptions {
-                experts: ExpertFilter::None,
-                activations: config.activation_dtype,
-            },
-        )?;
+        let attention_weights = config.load_weights(ExpertFilter::None)?;
         let mut nodes = Vec::with_capacity(config.attention_nodes);
         for j in 0..config.attention_nodes {
             progress(StartEvent::ConnectingNode(j, config.attention_nodes));

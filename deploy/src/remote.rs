@@ -9,7 +9,7 @@ use corsair_ffn::{PlacementOptions, plan_placement};
 use gpu_attention::DisaggregatedNode;
 use jetstream::{NodeIdentity, QuicConfig, QuicTransport};
 use model::ModelConfig;
-use model::weights::{ExpertFilter, LoadOptions};
+use model::weights::ExpertFilter;
 use proto::control::card_client::CardClient;
 use proto::control::{HealthReply, HealthRequest, LoadShardReply, LoadShardRequest};
 
@@ -140,13 +140,7 @@ pub fn connect_remote_node(
         let _guard = runtime.enter();
         Arc::new(QuicTransport::bind(QuicConfig::new(identity, data_listen))?)
     };
-    let weights = model::ModelWeights::load_with(
-        &config.model,
-        &LoadOptions {
-            experts: ExpertFilter::None,
-            activations: config.activation_dtype,
-        },
-    )?;
+    let weights = config.load_weights(ExpertFilter::None)?;
     connect_node(
         config,
         &model,

@@ -16,6 +16,7 @@ pub use error::{Error, Result};
 pub mod checkpoint;
 pub mod kernels;
 pub mod mxfp4;
+pub mod test_support;
 pub mod weights;
 
 pub use weights::{ModelWeights, WeightFormat, WeightMatrix};

@@ -14,17 +14,11 @@ use serde_json::Value;
 const TOLERANCE: f32 = 1e-4;
 
 fn fixture_dirs() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("expected.json").exists())
-        .collect();
-    dirs.sort();
+    let dirs = model::test_support::fixture_dirs().unwrap();
     assert!(
         dirs.len() >= 4,
         "expected the committed fixtures under {}",
-        root.display()
+        model::test_support::fixtures_root().display()
     );
     dirs
 }

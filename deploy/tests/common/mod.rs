@@ -90,17 +90,11 @@ pub fn fixture(name: &str) -> PathBuf {
 
 /// Every committed fixture checkpoint (the folders with an `expected.json`), sorted.
 pub fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("expected.json").exists())
-        .collect();
-    dirs.sort();
+    let dirs = model::test_support::fixture_dirs().unwrap();
     assert!(
         dirs.len() >= 6,
         "the committed fixtures under {}",
-        root.display()
+        model::test_support::fixtures_root().display()
     );
     dirs
 }

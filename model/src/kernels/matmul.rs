@@ -138,17 +138,11 @@ pub fn matmul_with(
     // With one thread in the pool, handing the tasks to it would only make this thread sleep
     // while that one runs them (a wake-up each way, per product).
     let serial = tasks == 1 || rayon::current_num_threads() == 1;
-    let add_bias = |n0: usize, dst: &mut [f32], run: &[f32]| match bias {
-        Some(b) => {
-            for ((d, v), b) in dst.iter_mut().zip(run).zip(&b[n0..n0 + run.len()]) {
-                *d = v + b;
-            }
-        }
-        None => {
-            for (d, v) in dst.iter_mut().zip(run) {
-                *d = v + 0.0;
-            }
-        }
+    // The bias (or `+0.0`, which turns a `-0.0` sum into `+0.0` as the definition does) added
+    // to outputs `n0..` already in `dst`.
+    let add_bias = |n0: usize, dst: &mut [f32]| match bias {
+        Some(b) => dst.iter_mut().zip(&b[n0..]).for_each(|(d, b)| *d += b),
+        None => dst.iter_mut().for_each(|d| *d += 0.0),
     };
     if tokens == 1 {
         // One token: each task's rows are one run of the output, written in place (no tile
@@ -168,9 +162,7 @@ pub fn matmul_with(
                     kernel,
                 },
             );
-            let mut sums = [0f32; ROWS_PER_TASK];
-            sums[..dst.len()].copy_from_slice(dst);
-            add_bias(n0, dst, &sums[..dst.len()]);
+            add_bias(n0, dst);
         };
         if serial {
             out.chunks_mut(ROWS_PER_TASK).enumerate().for_each(run);
@@ -206,7 +198,9 @@ pub fn matmul_with(
         // power-of-two widths all fall in one cache set).
         let count = buf.len() / tokens;
         for (t, run) in buf.chunks_exact(count).enumerate() {
-            add_bias(n0, &mut out[t * rows + n0..t * rows + n0 + count], run);
+            let dst = &mut out[t * rows + n0..t * rows + n0 + count];
+            dst.copy_from_slice(run);
+            add_bias(n0, dst);
         }
     }
 }

@@ -135,8 +135,14 @@ impl WeightMatrix {
     /// The same matrix, its products rounding their inputs as `dtype` says (where the format
     /// allows: [`ActivationDtype::rounds`]).
     pub fn with_activations(mut self, dtype: ActivationDtype) -> Self {
-        self.activations = dtype;
+        self.set_activations(dtype);
         self
+    }
+
+    /// Makes this matrix's products round their inputs as `dtype` says (see
+    /// [`Self::with_activations`]).
+    pub fn set_activations(&mut self, dtype: ActivationDtype) {
+        self.activations = dtype;
     }
 
     /// What products with this matrix round their inputs to.

@@ -126,7 +126,7 @@ pub struct ModelWeights {
 
 impl Linear {
     fn set_activations(&mut self, dtype: ActivationDtype) {
-        self.weight = self.weight.clone().with_activations(dtype);
+        self.weight.set_activations(dtype);
     }
 }
 
@@ -158,6 +158,6 @@ impl ModelWeights {
                 FfnWeights::Dense(mlp) => mlp.set_activations(dtype),
             }
         }
-        self.lm_head = self.lm_head.clone().with_activations(dtype);
+        self.lm_head.set_activations(dtype);
     }
 }

@@ -9,7 +9,7 @@ use gpu_attention::device::DeviceMonolithicNode;
 use gpu_attention::node::chrome_trace;
 use model::generate::{Generation, GenerationRequest, generate};
 use model::sampling::SamplingParams;
-use model::{ModelTokenizer, ModelWeights, ReferenceModel};
+use model::{ModelTokenizer, ReferenceModel};
 
 use crate::cluster_args::ClusterArgs;
 
@@ -115,14 +115,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     // This thread steps the model: make it a worker of the compute pool, as a server's engine is.
     let generation = step::compute::on_own_pool("afd-compute", || {
         if args.reference {
-            let weights = ModelWeights::load_with(
-                &args.model,
-                &model::weights::LoadOptions {
-                    activations: args.cluster.node.activation_dtype,
-                    ..Default::default()
-                },
-            )
-            .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;
+            let weights = args
+                .cluster
+                .config(args.model.clone())
+                .load_weights(model::weights::ExpertFilter::All)
+                .with_context(|| format!("loading the checkpoint in {}", args.model.display()))?;
             let device = args.cluster.node.device;
             crate::cluster_args::check_device_numerics(device, args.cluster.node.activation_dtype)?;
             if device.is_host() {

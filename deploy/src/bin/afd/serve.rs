@@ -160,14 +160,9 @@ pub fn build_nodes(
         let mut nodes: Vec<Box<dyn AttentionNode>> = Vec::new();
         for j in 0..config.attention_nodes {
             progress(StartEvent::ConnectingNode(j, config.attention_nodes));
-            let weights = model::ModelWeights::load_with(
-                &config.model,
-                &model::weights::LoadOptions {
-                    activations: config.activation_dtype,
-                    ..Default::default()
-                },
-            )
-            .with_context(|| format!("loading {}", config.model.display()))?;
+            let weights = config
+                .load_weights(model::weights::ExpertFilter::All)
+                .with_context(|| format!("loading {}", config.model.display()))?;
             let device = config.node.device;
             crate::cluster_args::check_device_numerics(device, config.activation_dtype)?;
             if device.is_host() {

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use deploy::cluster::EmbeddedCluster;
+use model::WeightFormat;
 use model::forward::{LogitsFor, ReferenceModel, SeqChunk};
 use model::generate::GenerationRequest;
 use model::sampling::{SamplingParams, argmax};
-use model::{ModelWeights, WeightFormat};
 use step::AttentionNode;
 
 use crate::cluster_args::ClusterArgs;
@@ -84,14 +84,11 @@ impl VerifyArgs {
 
 pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
     // The reference rounds as the cards do, so that bf16 activations are compared like for like.
-    let weights = ModelWeights::load_with(
-        &args.model,
-        &model::weights::LoadOptions {
-            activations: args.cluster.node.activation_dtype,
-            ..Default::default()
-        },
-    )
-    .with_context(|| format!("loading {}", args.model.display()))?;
+    let weights = args
+        .cluster
+        .config(args.model.clone())
+        .load_weights(model::weights::ExpertFilter::All)
+        .with_context(|| format!("loading {}", args.model.display()))?;
     let cfg = weights.config.clone();
     let stored = match &weights.layers.iter().find_map(|l| match &l.ffn {
         model::weights::FfnWeights::Moe(m) => m
