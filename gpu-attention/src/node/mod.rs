@@ -72,6 +72,12 @@ pub struct NodeConfig {
     pub reply_timeout: Duration,
     /// Record per-layer spans (see [`DisaggregatedNode::take_trace`]).
     pub trace: bool,
+    /// Compute threads of the attention in a step of one micro-batch, where the cards wait
+    /// for this node and it waits for them in turn (0: the process's pool, as in every other
+    /// step). Where the cards share this node's host, their cores are idle while it computes,
+    /// so such a step may use them all; with two micro-batches the node computes beside the
+    /// cards and keeps to its own share.
+    pub solo_threads: usize,
 }
 
 impl Default for NodeConfig {
@@ -85,6 +91,7 @@ impl Default for NodeConfig {
             max_tokens: 512,
             reply_timeout: Duration::from_secs(30),
             trace: false,
+            solo_threads: 0,
         }
     }
 }
@@ -173,6 +180,9 @@ pub struct DisaggregatedNode {
     layout: CardLayout,
     rope: Rope,
     compute: Compute,
+    /// Threads for the attention of single-micro-batch steps (see [`NodeConfig::solo_threads`]);
+    /// `None` when they would be no more than the process's pool.
+    solo_pool: Option<Arc<rayon::ThreadPool>>,
     /// The LM head's weight, for the vocabulary rows of cards that are down.
     lm_weight: model::WeightMatrix,
     /// The cards' states, shared with whoever watches them.
@@ -219,6 +229,7 @@ impl DisaggregatedNode {
             )));
         }
         let compute = Compute::new(weights, &node.kv, node.device)?;
+        let solo_pool = solo_pool(node.solo_threads, &compute)?;
         let board = Arc::new(CardBoard::new(&layout));
         Ok(DisaggregatedNode {
             lm_weight: weights.lm_head.clone(),
@@ -227,6 +238,7 @@ impl DisaggregatedNode {
             rope: Rope::new(&config),
             trace: Trace::new(node.trace),
             compute,
+            solo_pool,
             config,
             node,
             layout,
@@ -281,6 +293,23 @@ impl DisaggregatedNode {
     pub fn take_trace(&mut self) -> Vec<Span> {
         self.trace.take()
     }
+}
+
+/// The pool of [`NodeConfig::solo_threads`] threads, for the host path when it is wider than
+/// the process's pool (a device computes on its own).
+fn solo_pool(
+    threads: usize,
+    compute: &Compute,
+) -> Result<Option<Arc<rayon::ThreadPool>>, StepError> {
+    if !matches!(compute, Compute::Host(_)) || threads <= rayon::current_num_threads() {
+        return Ok(None);
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("afd-attention-{i}"))
+        .build()
+        .map(|p| Some(Arc::new(p)))
+        .map_err(|e| StepError::Invalid(format!("cannot start {threads} attention threads: {e}")))
 }
 
 impl AttentionNode for DisaggregatedNode {

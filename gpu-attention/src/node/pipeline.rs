@@ -77,12 +77,16 @@ impl DisaggregatedNode {
             .collect();
         let layers = self.config.num_layers();
         let mut stash: HashMap<(usize, u8, usize), Vec<u8>> = HashMap::new();
+        let solo = match (&self.solo_pool, mbs.len()) {
+            (Some(pool), 1) => Some(pool.clone()),
+            _ => None,
+        };
         for layer in 0..layers {
             for (m, mb) in mbs.iter_mut().enumerate() {
                 if layer > 0 {
                     self.finish_ffn(mb, m as u8, &mut stash)?;
                 }
-                self.attention_and_dispatch(layer, mb, m as u8, &tables)?;
+                self.attention_and_dispatch(layer, mb, m as u8, &tables, solo.as_deref())?;
             }
         }
         // Every micro-batch's rows go to the LM head in one message when they fit in one:
@@ -185,17 +189,25 @@ impl DisaggregatedNode {
         }
     }
 
-    /// Attention of `layer` for one micro-batch, then its FFN rows out to the cards.
+    /// Attention of `layer` for one micro-batch, on `pool` when given, then its FFN rows out
+    /// to the cards.
     fn attention_and_dispatch(
         &mut self,
         layer: usize,
         mb: &mut MicroBatch,
         m: u8,
         tables: &HashMap<SeqId, (&[u32], usize)>,
+        pool: Option<&rayon::ThreadPool>,
     ) -> Result<(), StepError> {
         let span = self.trace.begin();
         let hidden = self.config.hidden_size;
-        let ffn_input = self.compute.attention(&self.config, layer, mb, tables)?;
+        let ffn_input = match pool {
+            Some(pool) => {
+                let (compute, config) = (&mut self.compute, &self.config);
+                pool.install(|| compute.attention(config, layer, mb, tables))?
+            }
+            None => self.compute.attention(&self.config, layer, mb, tables)?,
+        };
         let h2 = ffn_input.rows;
         let meta = self.meta(layer as u16, m);
         let immediate = Immediate {

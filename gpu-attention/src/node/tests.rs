@@ -203,19 +203,33 @@ fn node_on(
     micro_batches: MicroBatches,
     device: AttentionDevice,
 ) -> DisaggregatedNode {
-    node_with(dir, cards, micro_batches, device, false, None)
+    node_with(dir, cards, micro_batches, device, Setup::default())
 }
 
-/// A node on `device` whose cards replicate every expert when `replicated`, and whose card
-/// `dies` (if any) goes down in the middle of a step.
+/// How a test node differs from the plain one.
+#[derive(Default)]
+struct Setup {
+    /// Every card holds every expert.
+    replicated: bool,
+    /// This card goes down in the middle of a step.
+    dies: Option<usize>,
+    /// [`NodeConfig::solo_threads`].
+    solo_threads: usize,
+}
+
+/// A node on `device` with its cards set up as `setup` says.
 fn node_with(
     dir: &std::path::Path,
     cards: usize,
     micro_batches: MicroBatches,
     device: AttentionDevice,
-    replicated: bool,
-    dies: Option<usize>,
+    setup: Setup,
 ) -> DisaggregatedNode {
+    let Setup {
+        replicated,
+        dies,
+        solo_threads,
+    } = setup;
     let all = ModelWeights::load(dir).unwrap();
     let attn = ModelWeights::load_with(
         dir,
@@ -266,6 +280,7 @@ fn node_with(
         device,
         micro_batches,
         lm_head_candidates: 4,
+        solo_threads,
         kv: crate::kv_cache::KvCacheConfig {
             block_size: 4,
             memory_bytes: 4 << 20,
@@ -353,6 +368,34 @@ fn greedy_matches_the_reference_for_every_family_card_count_and_overlap() {
             }
         }
     }
+}
+
+/// Steps of one micro-batch compute their attention on a pool wider than the process's, and
+/// give the same logits, bit for bit, as on the process's pool (each output row of a product
+/// is one task's sum, whatever the thread count).
+#[test]
+fn a_wider_pool_for_single_micro_batch_steps_gives_the_same_logits() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let logits = |solo_threads: usize, mb: MicroBatches| {
+        let setup = Setup {
+            solo_threads,
+            ..Setup::default()
+        };
+        let mut n = node_with(&dir, 2, mb, AttentionDevice::Cpu, setup);
+        assert_eq!(n.solo_pool.is_some(), solo_threads > 0, "{solo_threads}");
+        n.collect_logits(true);
+        let tokens = run(&mut n, &prompts(), 6, SamplingParams::greedy());
+        (tokens, n.take_logits())
+    };
+    let wider = rayon::current_num_threads() + 1;
+    let plain = logits(0, MicroBatches::One);
+    assert_eq!(
+        plain.0,
+        reference(&dir, &prompts(), 6, SamplingParams::greedy())
+    );
+    assert_eq!(logits(wider, MicroBatches::One), plain);
+    // Two micro-batches keep to the process's pool, with the same result.
+    assert_eq!(logits(wider, MicroBatches::Two), plain);
 }
 
 #[test]
@@ -456,7 +499,11 @@ fn the_device_path_matches_the_reference_and_the_host_path() {
 fn replicas_and_the_nodes_lm_head_cover_a_down_card_with_the_same_tokens() {
     let dir = fixture("gpt-oss-mxfp4");
     let expected = reference(&dir, &prompts(), 8, SamplingParams::greedy());
-    let mut n = node_with(&dir, 2, MicroBatches::Two, AttentionDevice::Cpu, true, None);
+    let setup = Setup {
+        replicated: true,
+        ..Setup::default()
+    };
+    let mut n = node_with(&dir, 2, MicroBatches::Two, AttentionDevice::Cpu, setup);
     n.board().missed(1, "connection refused", true);
     assert_eq!(
         run(&mut n, &prompts(), 8, SamplingParams::greedy()),
@@ -513,14 +560,12 @@ fn a_down_card_without_cover_fails_the_step_at_once_naming_it() {
 fn a_card_that_dies_during_a_step_is_replaced_by_its_replica_in_a_second_try() {
     let dir = fixture("gpt-oss-mxfp4");
     let expected = reference(&dir, &prompts(), 6, SamplingParams::greedy());
-    let mut n = node_with(
-        &dir,
-        2,
-        MicroBatches::Auto,
-        AttentionDevice::Cpu,
-        true,
-        Some(1),
-    );
+    let setup = Setup {
+        replicated: true,
+        dies: Some(1),
+        ..Setup::default()
+    };
+    let mut n = node_with(&dir, 2, MicroBatches::Auto, AttentionDevice::Cpu, setup);
     assert_eq!(
         run(&mut n, &prompts(), 6, SamplingParams::greedy()),
         expected

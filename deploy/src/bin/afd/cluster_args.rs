@@ -22,7 +22,8 @@ pub struct ClusterArgs {
     /// Executor threads per card (0: every core).
     #[arg(long, default_value_t = 1)]
     pub card_threads: usize,
-    /// Compute threads of the attention nodes (0: the cores the cards leave free, at least 1).
+    /// Compute threads of the attention nodes (0: the cores the cards leave free, at least 1,
+    /// and every core in steps of one micro-batch, while the cards wait).
     #[arg(long, default_value_t = 0)]
     pub attention_threads: usize,
     #[command(flatten)]
@@ -79,6 +80,12 @@ impl ClusterArgs {
         let mut c = self.node.config(model, self.cards);
         c.transport = self.transport;
         c.card_threads = self.card_threads;
+        // A step of one micro-batch leaves the cards idle while the node computes: it may use
+        // every core then, unless the user fixed the node's width.
+        c.node.solo_threads = match self.attention_threads {
+            0 => deploy::process::cores(),
+            n => n,
+        };
         c
     }
 

@@ -177,6 +177,18 @@ fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Re
     let result = gpu_attention::driver::generate(&mut node, std::slice::from_ref(request), 0)
         .context("generating through the cards")?;
     if let Some(path) = &args.trace {
+        // The trace is the node's view; the cards' own compute time is the other half of it.
+        let stats = cluster.card_stats();
+        let per_card: Vec<String> = stats
+            .iter()
+            .map(|s| format!("{:.0}", s.compute_seconds * 1e3))
+            .collect();
+        eprintln!(
+            "the cards computed for {:.0} ms in all over {} messages (per card, ms: {})",
+            stats.iter().map(|s| s.compute_seconds).sum::<f64>() * 1e3,
+            stats.iter().map(|s| s.messages).sum::<u64>(),
+            per_card.join(" ")
+        );
         let json = chrome_trace(&node.take_trace());
         std::fs::write(path, serde_json::to_string(&json)?)
             .with_context(|| format!("writing the trace to {}", path.display()))?;
