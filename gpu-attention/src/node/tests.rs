@@ -376,26 +376,48 @@ fn greedy_matches_the_reference_for_every_family_card_count_and_overlap() {
 #[test]
 fn a_wider_pool_for_single_micro_batch_steps_gives_the_same_logits() {
     let dir = fixture("gpt-oss-mxfp4");
-    let logits = |solo_threads: usize, mb: MicroBatches| {
+    let wider = rayon::current_num_threads() + 1;
+    let logits = |solo: bool, mb: MicroBatches| {
         let setup = Setup {
-            solo_threads,
+            solo_threads: if solo { wider } else { 0 },
             ..Setup::default()
         };
         let mut n = node_with(&dir, 2, mb, AttentionDevice::Cpu, setup);
-        assert_eq!(n.solo_pool.is_some(), solo_threads > 0, "{solo_threads}");
+        // The fixture's attention is far too small for the node to take the pool itself.
+        assert!(n.solo_pool.is_none());
+        if solo {
+            n.solo_pool = Some(super::compute_pool(wider).unwrap());
+        }
         n.collect_logits(true);
         let tokens = run(&mut n, &prompts(), 6, SamplingParams::greedy());
         (tokens, n.take_logits())
     };
-    let wider = rayon::current_num_threads() + 1;
-    let plain = logits(0, MicroBatches::One);
+    let plain = logits(false, MicroBatches::One);
     assert_eq!(
         plain.0,
         reference(&dir, &prompts(), 6, SamplingParams::greedy())
     );
-    assert_eq!(logits(wider, MicroBatches::One), plain);
+    assert_eq!(logits(true, MicroBatches::One), plain);
     // Two micro-batches keep to the process's pool, with the same result.
-    assert_eq!(logits(wider, MicroBatches::Two), plain);
+    assert_eq!(logits(true, MicroBatches::Two), plain);
+}
+
+/// The node takes the wider pool for GPT-OSS-20B's attention (2880 wide, 64 query and 8
+/// key-value heads of 64) and not for a medium Mixtral's (768 wide, 12 and 4 heads of 64).
+#[test]
+fn only_large_attention_layers_take_the_wider_pool() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let mut config = ModelWeights::load(&dir).unwrap().config;
+    let mut weights = |hidden, heads, kv_heads| {
+        config.hidden_size = hidden;
+        config.num_heads = heads;
+        config.num_kv_heads = kv_heads;
+        config.head_dim = 64;
+        super::attention_weights(&config)
+    };
+    assert_eq!(weights(2880, 64, 8), 2880 * 2 * (4096 + 512));
+    assert!(weights(2880, 64, 8) >= super::SOLO_MIN_LAYER_WEIGHTS);
+    assert!(weights(768, 12, 4) < super::SOLO_MIN_LAYER_WEIGHTS);
 }
 
 #[test]
