@@ -11,7 +11,7 @@ use gpu_attention::remote::RemoteNode;
 
 mod common;
 
-use common::{AFD, Proc, afd_ok, expected, fixture, free_port, greedy_requests};
+use common::{AFD, Proc, afd_ok, expected, fixture, free_port, free_ports, greedy_requests};
 
 fn certs(dir: &Path, cards: usize) {
     let mut nodes = vec!["attn-0".to_owned(), "frontend".to_owned()];
@@ -120,7 +120,7 @@ fn card_and_attention_processes_generate_and_a_dead_card_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     certs(dir.path(), 2);
     let model = fixture("gpt-oss-mxfp4");
-    let ports = [free_port(), free_port()];
+    let ports = free_ports(2);
     let mut cards: Vec<Proc> = ports
         .iter()
         .enumerate()

@@ -74,11 +74,19 @@ pub fn wait_healthy(address: &str, within: Duration) {
 
 /// A loopback port free right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports(1)[0]
+}
+
+/// `n` distinct free TCP ports on 127.0.0.1. They are held open until all are chosen: ports
+/// chosen one at a time, each closed before the next, may repeat (a run once gave the
+/// frontend the port it had just given a card).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
 }
 
 /// A committed fixture checkpoint.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{AFD, Proc, afd_ok, free_port};
+use crate::common::{AFD, Proc, afd_ok, free_ports};
 
 /// Where the cards live on the network.
 #[derive(Debug, Clone)]
@@ -99,13 +99,16 @@ impl Cluster {
             ),
         )
         .unwrap();
-        let card_ports: Vec<u16> = (0..opts.cards).map(|_| free_port()).collect();
+        // Every port of the cluster at once, so that no two are the same.
+        let mut ports = free_ports(opts.cards + 2);
+        let (http, attention_port) = (ports[opts.cards], ports[opts.cards + 1]);
+        ports.truncate(opts.cards);
         let mut cluster = Cluster {
             cards: Vec::new(),
             attention: Proc(Command::new("true").spawn().unwrap()),
             frontend: Proc(Command::new("true").spawn().unwrap()),
-            http: free_port(),
-            card_ports,
+            http,
+            card_ports: ports,
             dir,
             opts,
         };
@@ -116,7 +119,6 @@ impl Cluster {
         for i in 0..cluster.opts.cards {
             cluster.wait_card(i);
         }
-        let attention_port = free_port();
         let card_list: Vec<String> = cluster
             .card_ports
             .iter()
