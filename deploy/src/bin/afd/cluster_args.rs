@@ -22,8 +22,9 @@ pub struct ClusterArgs {
     /// Executor threads per card (0: every core).
     #[arg(long, default_value_t = 1)]
     pub card_threads: usize,
-    /// Compute threads of the attention nodes (0: the cores the cards leave free, at least 1,
-    /// and every core in steps of one micro-batch, while the cards wait).
+    /// Compute threads of the attention nodes (0: the cores the cards leave free, at least 1;
+    /// in steps of one micro-batch, while the cards wait, every core for models with large
+    /// attention layers).
     #[arg(long, default_value_t = 0)]
     pub attention_threads: usize,
     #[command(flatten)]
