@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use jetstream::{Region, RegionDescriptor, Transport, WriteRequest};
-use proto::data::{self, Candidate, Immediate, Kind, MessageMeta, Proposal};
+use proto::data::{self, Candidate, Immediate, Kind, LM_HEAD_LAYER, MessageMeta, Proposal};
 
 use super::cpu_turns::TurnMember;
 use super::{Shard, timed};
@@ -19,6 +19,14 @@ pub(crate) const SLOTS: usize = 2;
 
 /// How often a worker checks whether it should stop.
 const POLL: Duration = Duration::from_millis(200);
+
+/// Whether a message waits for its turn on the shared CPUs. Turns keep the layers' messages of
+/// two micro-batches in landing order; the LM head's message is a step's last, with no other
+/// micro-batch's behind it, and handing turns round the cards' shards of it only adds wakeups
+/// (GPT-OSS-20B on 8 cards: 27.4 against 30.2 ms for the LM head, medians of 8 runs each).
+fn takes_turn(immediate: &Immediate) -> bool {
+    immediate.layer != LM_HEAD_LAYER
+}
 
 pub(crate) struct Worker {
     pub card_index: usize,
@@ -47,11 +55,13 @@ impl Worker {
             let immediate = Immediate::unpack(completion.immediate);
             // Where cards share CPUs, wait for this message's turn (see `CpuTurns`).
             let turn = match &self.turns {
-                Some(member) => match member.wait(completion.landed, &self.stop) {
-                    Some(turn) => Some(turn),
-                    None => return,
-                },
-                None => None,
+                Some(member) if takes_turn(&immediate) => {
+                    match member.wait(completion.landed, &self.stop) {
+                        Some(turn) => Some(turn),
+                        None => return,
+                    }
+                }
+                _ => None,
             };
             // Decode under the view, then release it before computing so the other
             // micro-batch's message can land meanwhile.
@@ -303,5 +313,22 @@ fn to_wire(p: LmProposal) -> Proposal {
                 token: c.token,
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_layer_messages_take_turns() {
+        let at = |layer| Immediate {
+            step: 9,
+            layer,
+            micro_batch: 1,
+        };
+        assert!(takes_turn(&at(0)));
+        assert!(takes_turn(&at(23)));
+        assert!(!takes_turn(&at(LM_HEAD_LAYER)));
     }
 }
