@@ -116,7 +116,12 @@ impl ClusterConfig {
             activation_dtype: ActivationDtype::F32,
             allow_spill: false,
             replicas: Vec::new(),
-            node: NodeConfig::default(),
+            // The cards share this host: while they wait for the node in a step of one
+            // micro-batch, its attention may use every core.
+            node: NodeConfig {
+                solo_threads: crate::process::cores(),
+                ..NodeConfig::default()
+            },
             card_threads: 1,
             card_cpu_mask: 0,
             profile: HardwareProfile::default(),

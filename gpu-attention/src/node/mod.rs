@@ -173,6 +173,8 @@ pub struct NodeStats {
     pub full_logits_rows: u64,
     /// Steps run again after a card went down during them, with replicas covering it.
     pub retried_steps: u64,
+    /// Layers whose attention ran on the wide pool ([`NodeConfig::solo_threads`]).
+    pub solo_layers: u64,
 }
 
 /// The attention node: attention and KV cache here, experts on the cards.

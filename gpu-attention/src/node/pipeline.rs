@@ -204,7 +204,9 @@ impl DisaggregatedNode {
         let ffn_input = match pool {
             Some(pool) => {
                 let (compute, config) = (&mut self.compute, &self.config);
-                pool.install(|| compute.attention(config, layer, mb, tables))?
+                let out = pool.install(|| compute.attention(config, layer, mb, tables))?;
+                self.stats.solo_layers += 1;
+                out
             }
             None => self.compute.attention(&self.config, layer, mb, tables)?,
         };

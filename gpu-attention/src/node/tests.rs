@@ -390,6 +390,13 @@ fn a_wider_pool_for_single_micro_batch_steps_gives_the_same_logits() {
         }
         n.collect_logits(true);
         let tokens = run(&mut n, &prompts(), 6, SamplingParams::greedy());
+        // The pool computed every layer of the steps of one micro-batch, and no other.
+        let layers = n.config().num_layers() as u64;
+        let expected = match mb {
+            MicroBatches::One if solo => n.stats().steps * layers,
+            _ => 0,
+        };
+        assert_eq!(n.stats().solo_layers, expected, "{mb:?}");
         (tokens, n.take_logits())
     };
     let plain = logits(false, MicroBatches::One);

@@ -81,12 +81,10 @@ impl ClusterArgs {
         let mut c = self.node.config(model, self.cards);
         c.transport = self.transport;
         c.card_threads = self.card_threads;
-        // A step of one micro-batch leaves the cards idle while the node computes: it may use
-        // every core then, unless the user fixed the node's width.
-        c.node.solo_threads = match self.attention_threads {
-            0 => deploy::process::cores(),
-            n => n,
-        };
+        // A width the user fixed holds in every step.
+        if self.attention_threads > 0 {
+            c.node.solo_threads = self.attention_threads;
+        }
         c
     }
 
