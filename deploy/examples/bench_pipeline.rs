@@ -175,7 +175,7 @@ fn partitioned(model: &Path) {
         .start_handler(|_| corsair_ffn::executor::pin_to_mask(0b01, 0))
         .build_global()
         .expect("the node's compute pool");
-    let mut on = afd_on(model, TransportKind::Quic, MicroBatches::Auto, 0b10, false);
+    let mut on = afd_on(model, TransportKind::Quic, MicroBatches::Two, 0b10, false);
     let mut off = afd_on(model, TransportKind::Quic, MicroBatches::One, 0b10, true);
     // Pinned after the clusters start, so that JetStream's I/O threads stay free to run on
     // either CPU, as a NIC would.
@@ -263,8 +263,8 @@ fn main() {
         num_blocks: capacity.num_blocks,
     };
     let mut mono = MonolithicNode::new(ReferenceModel::new(weights).expect("reference"), capacity);
-    let mut quic = afd(&model, TransportKind::Quic, MicroBatches::Auto);
-    let mut inproc = afd(&model, TransportKind::Inproc, MicroBatches::Auto);
+    let mut quic = afd(&model, TransportKind::Quic, MicroBatches::Two);
+    let mut inproc = afd(&model, TransportKind::Inproc, MicroBatches::Two);
     let mut no_overlap = afd(&model, TransportKind::Quic, MicroBatches::One);
     println!(
         "checkpoint {}; 4 cards; prompt {PROMPT} tokens; {STEPS} decode steps per point; best of {ROUNDS} interleaved rounds",

@@ -80,21 +80,28 @@ pub struct StepTime {
 }
 
 impl System<'_> {
-    fn micro_batches_for(&self, per_node: usize) -> usize {
+    /// One step of `batch` sequences over all nodes, each adding `tokens_per_seq` tokens at
+    /// an average attention span of `context` keys. Decode: `tokens_per_seq = 1`. Under
+    /// `auto` the faster of one and two micro-batches, as the node picks it by measuring both.
+    pub fn step(&self, batch: usize, tokens_per_seq: usize, context: f64) -> StepTime {
+        let per_node = batch.div_ceil(self.nodes.max(1));
         if self.cards.is_none() || per_node < 2 {
-            return 1;
+            return self.step_with(1, batch, tokens_per_seq, context);
         }
         match self.micro_batches {
-            MicroBatches::One => 1,
-            MicroBatches::Two | MicroBatches::Auto => 2,
+            MicroBatches::One => self.step_with(1, batch, tokens_per_seq, context),
+            MicroBatches::Two => self.step_with(2, batch, tokens_per_seq, context),
+            MicroBatches::Auto => {
+                let one = self.step_with(1, batch, tokens_per_seq, context);
+                let two = self.step_with(2, batch, tokens_per_seq, context);
+                if two.seconds < one.seconds { two } else { one }
+            }
         }
     }
 
-    /// One step of `batch` sequences over all nodes, each adding `tokens_per_seq` tokens at
-    /// an average attention span of `context` keys. Decode: `tokens_per_seq = 1`.
-    pub fn step(&self, batch: usize, tokens_per_seq: usize, context: f64) -> StepTime {
+    /// [`System::step`] with `m` micro-batches per node.
+    fn step_with(&self, m: usize, batch: usize, tokens_per_seq: usize, context: f64) -> StepTime {
         let per_node = batch.div_ceil(self.nodes.max(1));
-        let m = self.micro_batches_for(per_node);
         let seqs = per_node.div_ceil(m);
         let group = TokenGroup {
             tokens: seqs * tokens_per_seq,

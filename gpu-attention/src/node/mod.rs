@@ -5,6 +5,7 @@
 mod compute;
 mod failover;
 mod lm_head;
+mod overlap;
 mod pipeline;
 mod trace;
 
@@ -26,12 +27,14 @@ use crate::fabric::{CardFabric, SlotSizes};
 use crate::kv_cache::KvCacheConfig;
 use crate::sampler::TokenHistory;
 use compute::Compute;
+use overlap::OverlapTuner;
 use step::{AttentionNode, HealthSource, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 
 /// How a step is cut into micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MicroBatches {
-    /// Two when the step has two or more sequences, else one.
+    /// For steps of two or more sequences, whichever of one and two the node has measured to
+    /// be faster for steps of that size (it tries both; see `node/overlap.rs`), else one.
     #[default]
     Auto,
     /// Never split.
@@ -175,6 +178,8 @@ pub struct NodeStats {
     pub retried_steps: u64,
     /// Layers whose attention ran on the wide pool ([`NodeConfig::solo_threads`]).
     pub solo_layers: u64,
+    /// Steps run as two micro-batches.
+    pub two_micro_batch_steps: u64,
 }
 
 /// The attention node: attention and KV cache here, experts on the cards.
@@ -198,6 +203,10 @@ pub struct DisaggregatedNode {
     fabric: Box<dyn CardFabric>,
     step_counter: u64,
     stats: NodeStats,
+    /// Picks one or two micro-batches per step under [`MicroBatches::Auto`].
+    overlap: OverlapTuner,
+    /// Whether the step under way runs as two micro-batches (when it has two sequences).
+    two_micro_batches: bool,
     trace: Trace,
     /// When set, every sampled row goes through the full-logits path and its logits are kept.
     collect_logits: bool,
@@ -251,6 +260,8 @@ impl DisaggregatedNode {
             fabric,
             step_counter: 0,
             stats: NodeStats::default(),
+            overlap: OverlapTuner::default(),
+            two_micro_batches: false,
             collect_logits: false,
             logits: Vec::new(),
         })
@@ -299,6 +310,28 @@ impl DisaggregatedNode {
     }
 }
 
+impl DisaggregatedNode {
+    /// Hands a step's time to the [`OverlapTuner`], and says so when its choice for steps of
+    /// this size turns.
+    fn record_overlap(&mut self, tokens: usize, seconds: f64) {
+        let before = self.overlap.preference(tokens).map(|p| p.0);
+        self.overlap.record(tokens, self.two_micro_batches, seconds);
+        if let Some((two, one, two_s)) = self.overlap.preference(tokens)
+            && before != Some(two)
+        {
+            let low = 1usize << tokens.max(1).ilog2();
+            tracing::info!(
+                "steps of {low}-{} tokens now run as {} micro-batch(es): measured {:.3} ms a token \
+                 with one, {:.3} ms with two",
+                low.saturating_mul(2) - 1,
+                if two { 2 } else { 1 },
+                one * 1e3,
+                two_s * 1e3
+            );
+        }
+    }
+}
+
 /// Weights a layer's attention must have for a step to hand it to the solo pool. Below this
 /// the hand-over, twice a layer, costs more than the second core saves: measured on 2 cores,
 /// GPT-OSS-20B (26.5 M a layer) went from 129 to 116 ms a step, a medium Mixtral (1.6 M) from
@@ -344,14 +377,25 @@ impl AttentionNode for DisaggregatedNode {
 
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
         let started = std::time::Instant::now();
+        let retried = self.stats.retried_steps;
+        let tokens: usize = batch.entries.iter().map(|e| e.tokens.len()).sum();
+        let choosing = batch.entries.len() >= 2;
+        self.two_micro_batches = choosing
+            && match self.node.micro_batches {
+                MicroBatches::One => false,
+                MicroBatches::Two => true,
+                MicroBatches::Auto => self.overlap.two(tokens),
+            };
         let out = self.step_with_failover(batch);
+        let seconds = started.elapsed().as_secs_f64();
         self.stats.steps += 1;
-        self.stats.tokens += batch
-            .entries
-            .iter()
-            .map(|e| e.tokens.len() as u64)
-            .sum::<u64>();
-        self.stats.step_seconds += started.elapsed().as_secs_f64();
+        self.stats.tokens += tokens as u64;
+        self.stats.step_seconds += seconds;
+        self.stats.two_micro_batch_steps += u64::from(self.two_micro_batches);
+        // A step that failed, or ran twice after a card went down, says nothing of its speed.
+        if choosing && out.is_ok() && self.stats.retried_steps == retried {
+            self.record_overlap(tokens, seconds);
+        }
         out
     }
 

@@ -13,7 +13,7 @@ use model::forward::attention::SeqSpan;
 use model::forward::rope::RopeTables;
 use proto::data::{self, Immediate, Kind, MessageMeta};
 
-use super::{DisaggregatedNode, MicroBatches};
+use super::DisaggregatedNode;
 use crate::device::inputs::{MbInputs, SpanInput};
 use crate::dispatch::{DispatchPlan, plan_dispatch};
 use crate::fabric::Reply;
@@ -120,14 +120,11 @@ impl DisaggregatedNode {
         out
     }
 
-    /// Cuts the batch into one or two micro-batches of about equal token counts, in order.
+    /// Cuts the batch into one or two micro-batches (as the step's choice says) of about equal
+    /// token counts, in order.
     fn split(&self, batch: &StepBatch) -> Result<Vec<MicroBatch>, StepError> {
         let n = batch.entries.len();
-        let two = match self.node.micro_batches {
-            MicroBatches::One => false,
-            MicroBatches::Two | MicroBatches::Auto => n >= 2,
-        };
-        let groups: Vec<Vec<usize>> = if two {
+        let groups: Vec<Vec<usize>> = if self.two_micro_batches && n >= 2 {
             let total: usize = batch.entries.iter().map(|e| e.tokens.len()).sum();
             let mut acc = 0;
             let mut cut = 1;

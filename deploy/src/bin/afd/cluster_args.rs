@@ -55,7 +55,8 @@ pub struct NodeArgs {
     /// Let expert weights that do not fit in SRAM stream from LPDDR (modeled cost).
     #[arg(long)]
     pub allow_spill: bool,
-    /// Micro-batches per step: 1, 2, or auto (2 when there are 2+ sequences).
+    /// Micro-batches per step: 1, 2, or auto (for steps of 2+ sequences, whichever of 1 and 2
+    /// the node measures to be faster for steps of that size; it tries both).
     #[arg(long, default_value = "auto")]
     pub micro_batches: MicroBatches,
     /// Dtype of hidden states on the wire: f32 (exact) or bf16.

@@ -370,63 +370,6 @@ fn greedy_matches_the_reference_for_every_family_card_count_and_overlap() {
     }
 }
 
-/// Steps of one micro-batch compute their attention on a pool wider than the process's, and
-/// give the same logits, bit for bit, as on the process's pool (each output row of a product
-/// is one task's sum, whatever the thread count).
-#[test]
-fn a_wider_pool_for_single_micro_batch_steps_gives_the_same_logits() {
-    let dir = fixture("gpt-oss-mxfp4");
-    let wider = rayon::current_num_threads() + 1;
-    let logits = |solo: bool, mb: MicroBatches| {
-        let setup = Setup {
-            solo_threads: if solo { wider } else { 0 },
-            ..Setup::default()
-        };
-        let mut n = node_with(&dir, 2, mb, AttentionDevice::Cpu, setup);
-        // The fixture's attention is far too small for the node to take the pool itself.
-        assert!(n.solo_pool.is_none());
-        if solo {
-            n.solo_pool = Some(super::compute_pool(wider).unwrap());
-        }
-        n.collect_logits(true);
-        let tokens = run(&mut n, &prompts(), 6, SamplingParams::greedy());
-        // The pool computed every layer of the steps of one micro-batch, and no other.
-        let layers = n.config().num_layers() as u64;
-        let expected = match mb {
-            MicroBatches::One if solo => n.stats().steps * layers,
-            _ => 0,
-        };
-        assert_eq!(n.stats().solo_layers, expected, "{mb:?}");
-        (tokens, n.take_logits())
-    };
-    let plain = logits(false, MicroBatches::One);
-    assert_eq!(
-        plain.0,
-        reference(&dir, &prompts(), 6, SamplingParams::greedy())
-    );
-    assert_eq!(logits(true, MicroBatches::One), plain);
-    // Two micro-batches keep to the process's pool, with the same result.
-    assert_eq!(logits(true, MicroBatches::Two), plain);
-}
-
-/// The node takes the wider pool for GPT-OSS-20B's attention (2880 wide, 64 query and 8
-/// key-value heads of 64) and not for a medium Mixtral's (768 wide, 12 and 4 heads of 64).
-#[test]
-fn only_large_attention_layers_take_the_wider_pool() {
-    let dir = fixture("gpt-oss-mxfp4");
-    let mut config = ModelWeights::load(&dir).unwrap().config;
-    let mut weights = |hidden, heads, kv_heads| {
-        config.hidden_size = hidden;
-        config.num_heads = heads;
-        config.num_kv_heads = kv_heads;
-        config.head_dim = 64;
-        super::attention_weights(&config)
-    };
-    assert_eq!(weights(2880, 64, 8), 2880 * 2 * (4096 + 512));
-    assert!(weights(2880, 64, 8) >= super::SOLO_MIN_LAYER_WEIGHTS);
-    assert!(weights(768, 12, 4) < super::SOLO_MIN_LAYER_WEIGHTS);
-}
-
 #[test]
 fn seeded_sampling_is_the_same_for_every_card_count() {
     let dir = fixture("gpt-oss-mxfp4");
@@ -602,3 +545,5 @@ fn a_card_that_dies_during_a_step_is_replaced_by_its_replica_in_a_second_try() {
     assert_eq!(n.stats().retried_steps, 1);
     assert_eq!(n.board().live().down, vec![1]);
 }
+
+mod pools;

@@ -1,0 +1,87 @@
+//! How the node spends its host's cores: the wide pool of single-micro-batch steps, and the
+//! choice between one and two micro-batches under `auto`.
+
+use super::*;
+
+/// Steps of one micro-batch compute their attention on a pool wider than the process's, and
+/// give the same logits, bit for bit, as on the process's pool (each output row of a product
+/// is one task's sum, whatever the thread count).
+#[test]
+fn a_wider_pool_for_single_micro_batch_steps_gives_the_same_logits() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let wider = rayon::current_num_threads() + 1;
+    let logits = |solo: bool, mb: MicroBatches| {
+        let setup = Setup {
+            solo_threads: if solo { wider } else { 0 },
+            ..Setup::default()
+        };
+        let mut n = node_with(&dir, 2, mb, AttentionDevice::Cpu, setup);
+        // The fixture's attention is far too small for the node to take the pool itself.
+        assert!(n.solo_pool.is_none());
+        if solo {
+            n.solo_pool = Some(crate::node::compute_pool(wider).unwrap());
+        }
+        n.collect_logits(true);
+        let tokens = run(&mut n, &prompts(), 6, SamplingParams::greedy());
+        // The pool computed every layer of the steps of one micro-batch, and no other.
+        let layers = n.config().num_layers() as u64;
+        let expected = match mb {
+            MicroBatches::One if solo => n.stats().steps * layers,
+            _ => 0,
+        };
+        assert_eq!(n.stats().solo_layers, expected, "{mb:?}");
+        (tokens, n.take_logits())
+    };
+    let plain = logits(false, MicroBatches::One);
+    assert_eq!(
+        plain.0,
+        reference(&dir, &prompts(), 6, SamplingParams::greedy())
+    );
+    assert_eq!(logits(true, MicroBatches::One), plain);
+    // Two micro-batches keep to the process's pool, with the same result.
+    assert_eq!(logits(true, MicroBatches::Two), plain);
+}
+
+/// The node takes the wider pool for GPT-OSS-20B's attention (2880 wide, 64 query and 8
+/// key-value heads of 64) and not for a medium Mixtral's (768 wide, 12 and 4 heads of 64).
+#[test]
+fn only_large_attention_layers_take_the_wider_pool() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let mut config = ModelWeights::load(&dir).unwrap().config;
+    let mut weights = |hidden, heads, kv_heads| {
+        config.hidden_size = hidden;
+        config.num_heads = heads;
+        config.num_kv_heads = kv_heads;
+        config.head_dim = 64;
+        crate::node::attention_weights(&config)
+    };
+    assert_eq!(weights(2880, 64, 8), 2880 * 2 * (4096 + 512));
+    assert!(weights(2880, 64, 8) >= crate::node::SOLO_MIN_LAYER_WEIGHTS);
+    assert!(weights(768, 12, 4) < crate::node::SOLO_MIN_LAYER_WEIGHTS);
+}
+
+/// Under `auto` the node tries steps of both one and two micro-batches (each step size on its
+/// own), and whichever it runs, the tokens are the reference's.
+#[test]
+fn auto_tries_one_and_two_micro_batches_with_the_reference_tokens() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let expected = reference(&dir, &prompts(), 8, SamplingParams::greedy());
+    let mut n = node(&dir, 2, MicroBatches::Auto);
+    assert_eq!(
+        run(&mut n, &prompts(), 8, SamplingParams::greedy()),
+        expected
+    );
+    let stats = n.stats();
+    // The prefill, then 7 decode steps of the same size: the warm-up runs two, one, two, one.
+    assert!(stats.two_micro_batch_steps >= 2, "{stats:?}");
+    assert!(stats.steps - stats.two_micro_batch_steps >= 2, "{stats:?}");
+    // Fixed settings run what they say.
+    for (mb, twos) in [(MicroBatches::One, 0), (MicroBatches::Two, 8)] {
+        let mut n = node(&dir, 2, mb);
+        assert_eq!(
+            run(&mut n, &prompts(), 8, SamplingParams::greedy()),
+            expected
+        );
+        assert_eq!(n.stats().two_micro_batch_steps, twos, "{mb:?}");
+    }
+}
