@@ -7,12 +7,30 @@ use model::generate::{FinishReason, Generation, GenerationRequest};
 use step::{AttentionNode, Penalties, SampleRequest, SeqId, StepBatch, StepEntry, StepError};
 
 /// Generates every request together; sequence ids are `first_seq + i`. Blocks are handed out
-/// contiguously; the node's cache must hold every prompt plus its `max_tokens`.
+/// contiguously; the node's cache must hold every prompt plus its `max_tokens`. Each prompt
+/// goes in one step; see [`generate_in_chunks`] for nodes that take fewer tokens a step.
 pub fn generate(
     node: &mut dyn AttentionNode,
     requests: &[GenerationRequest],
     first_seq: SeqId,
 ) -> Result<Vec<Generation>, StepError> {
+    generate_in_chunks(node, requests, first_seq, usize::MAX)
+}
+
+/// [`generate`] with at most `max_step_tokens` tokens a step (vLLM's
+/// `max_num_batched_tokens`): longer prompts are prefilled in chunks, the last of which
+/// samples the first output token; sequences that do not fit in a step wait for the next.
+pub fn generate_in_chunks(
+    node: &mut dyn AttentionNode,
+    requests: &[GenerationRequest],
+    first_seq: SeqId,
+    max_step_tokens: usize,
+) -> Result<Vec<Generation>, StepError> {
+    if max_step_tokens == 0 {
+        return Err(StepError::Invalid(
+            "a step must take at least one token (raise --max-num-batched-tokens)".into(),
+        ));
+    }
     let capacity = node.kv_capacity();
     let bs = capacity.block_size;
     let mut next_block = 0u32;
@@ -44,46 +62,67 @@ pub fn generate(
     let mut running: Vec<usize> = (0..requests.len())
         .filter(|&i| requests[i].max_tokens > 0)
         .collect();
+    // Prompt tokens already in each sequence's cache.
+    let mut prefilled = vec![0usize; requests.len()];
     let outcome = (|| {
         while !running.is_empty() {
-            let entries: Vec<StepEntry> = running
-                .iter()
-                .map(|&i| {
-                    let r = &requests[i];
-                    let out = &results[i].output_ids;
-                    let (tokens, start) = match out.last() {
-                        None => (r.prompt.clone(), 0),
-                        Some(&t) => (vec![t], r.prompt.len() + out.len() - 1),
-                    };
-                    StepEntry {
-                        seq: first_seq + i as u64,
-                        tokens,
-                        start,
-                        prompt_len: r.prompt.len(),
-                        block_table: tables[i].clone(),
-                        sample: Some(SampleRequest {
-                            params: r.sampling,
-                            penalties: Penalties::default(),
-                            // The JSON reports every token's logprob.
-                            logprobs: true,
-                            top_logprobs: 0,
-                        }),
+            let mut budget = max_step_tokens;
+            let mut entries = Vec::with_capacity(running.len());
+            // The requests whose entry samples this step, in entry order.
+            let mut sampling = Vec::with_capacity(running.len());
+            for &i in &running {
+                let r = &requests[i];
+                let out = &results[i].output_ids;
+                let (tokens, start, last_chunk) = match out.last() {
+                    None => {
+                        let from = prefilled[i];
+                        let to = r.prompt.len().min(from.saturating_add(budget));
+                        (r.prompt[from..to].to_vec(), from, to == r.prompt.len())
                     }
-                })
-                .collect();
+                    Some(&t) => (vec![t], r.prompt.len() + out.len() - 1, true),
+                };
+                if tokens.is_empty() {
+                    continue;
+                }
+                budget -= tokens.len();
+                if out.is_empty() {
+                    prefilled[i] += tokens.len();
+                }
+                if last_chunk {
+                    sampling.push(i);
+                }
+                entries.push(StepEntry {
+                    seq: first_seq + i as u64,
+                    tokens,
+                    start,
+                    prompt_len: r.prompt.len(),
+                    block_table: tables[i].clone(),
+                    sample: last_chunk.then_some(SampleRequest {
+                        params: r.sampling,
+                        penalties: Penalties::default(),
+                        // The JSON reports every token's logprob.
+                        logprobs: true,
+                        top_logprobs: 0,
+                    }),
+                });
+                if budget == 0 {
+                    break;
+                }
+            }
             let out = node.step(&StepBatch { entries })?;
-            let mut still = Vec::new();
-            for (&i, t) in running.iter().zip(&out.sampled) {
+            let mut done = Vec::new();
+            for (&i, t) in sampling.iter().zip(&out.sampled) {
                 let g = &mut results[i];
                 g.output_ids.push(t.token);
                 g.logprobs.push(t.logprob);
                 if requests[i].stop_token_ids.contains(&t.token) {
                     g.finish_reason = FinishReason::Stop;
-                } else if g.output_ids.len() < requests[i].max_tokens {
-                    still.push(i);
+                    done.push(i);
+                } else if g.output_ids.len() >= requests[i].max_tokens {
+                    done.push(i);
                 }
             }
-            running = still;
+            running.retain(|i| !done.contains(i));
         }
         Ok(())
     })();

@@ -174,8 +174,14 @@ fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Re
         .take_nodes()
         .pop()
         .context("the cluster started no attention node")?;
-    let result = gpu_attention::driver::generate(&mut node, std::slice::from_ref(request), 0)
-        .context("generating through the cards")?;
+    // Prompts longer than a step go in chunks, as the server prefills them.
+    let result = gpu_attention::driver::generate_in_chunks(
+        &mut node,
+        std::slice::from_ref(request),
+        0,
+        config.node.max_tokens,
+    )
+    .context("generating through the cards")?;
     if let Some(path) = &args.trace {
         // The trace is the node's view; the cards' own compute time is the other half of it.
         let stats = cluster.card_stats();

@@ -215,6 +215,8 @@ struct Setup {
     dies: Option<usize>,
     /// [`NodeConfig::solo_threads`].
     solo_threads: usize,
+    /// [`NodeConfig::max_tokens`] (0: the default).
+    step_tokens: usize,
 }
 
 /// A node on `device` with its cards set up as `setup` says.
@@ -229,6 +231,7 @@ fn node_with(
         replicated,
         dies,
         solo_threads,
+        step_tokens,
     } = setup;
     let all = ModelWeights::load(dir).unwrap();
     let attn = ModelWeights::load_with(
@@ -281,6 +284,11 @@ fn node_with(
         micro_batches,
         lm_head_candidates: 4,
         solo_threads,
+        max_tokens: if step_tokens > 0 {
+            step_tokens
+        } else {
+            NodeConfig::default().max_tokens
+        },
         kv: crate::kv_cache::KvCacheConfig {
             block_size: 4,
             memory_bytes: 4 << 20,
@@ -544,6 +552,45 @@ fn a_card_that_dies_during_a_step_is_replaced_by_its_replica_in_a_second_try() {
     );
     assert_eq!(n.stats().retried_steps, 1);
     assert_eq!(n.board().live().down, vec![1]);
+}
+
+/// A node that takes fewer tokens a step than a prompt holds refuses the prompt whole; the
+/// driver's chunked prefill gives the reference's tokens, no step over the node's limit.
+#[test]
+fn prompts_longer_than_a_step_are_prefilled_in_chunks() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let expected = reference(&dir, &prompts(), 5, SamplingParams::greedy());
+    let setup = Setup {
+        step_tokens: 4,
+        ..Setup::default()
+    };
+    let mut n = node_with(&dir, 2, MicroBatches::Auto, AttentionDevice::Cpu, setup);
+    let requests: Vec<GenerationRequest> = prompts()
+        .into_iter()
+        .map(|prompt| GenerationRequest {
+            prompt,
+            max_tokens: 5,
+            sampling: SamplingParams::greedy(),
+            stop_token_ids: vec![],
+        })
+        .collect();
+    let whole = crate::driver::generate(&mut n, &requests, 0);
+    assert!(
+        matches!(&whole, Err(StepError::Invalid(m)) if m.contains("max_tokens 4")),
+        "{whole:?}"
+    );
+    let steps = n.stats().steps;
+    let chunked = crate::driver::generate_in_chunks(&mut n, &requests, 100, 4).unwrap();
+    let tokens: Vec<Vec<u32>> = chunked.into_iter().map(|g| g.output_ids).collect();
+    assert_eq!(tokens, expected);
+    // 19 prompt tokens take at least 5 steps of 4, then 4 decode steps for the other tokens.
+    assert!(n.stats().steps - steps >= 9, "{:?}", n.stats());
+    assert_eq!(
+        crate::driver::generate_in_chunks(&mut n, &requests, 200, 0)
+            .err()
+            .map(|e| e.to_string().contains("--max-num-batched-tokens")),
+        Some(true)
+    );
 }
 
 mod pools;
