@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use model::checkpoint::SharedBytes;
-use model::kernels::matmul;
+use model::kernels::{ActivationDtype, matmul};
 use model::{WeightFormat, WeightMatrix};
 
 fn main() {
@@ -41,7 +41,21 @@ fn main() {
             ),
         ),
     ];
-    for (name, m) in &mats {
+    // The same matrices with their products' inputs rounded to bf16 (`--activation-dtype
+    // bf16`): bf16 and MXFP4 weights take the AVX-512 BF16 dot products where the CPU has them.
+    let bf16_inputs: Vec<(&str, WeightMatrix)> = mats
+        .iter()
+        .filter(|(name, _)| *name != "f32")
+        .map(|(name, m)| {
+            let label = if *name == "bf16" {
+                "bf16 x bf16"
+            } else {
+                "mxfp4 x bf16"
+            };
+            (label, m.clone().with_activations(ActivationDtype::Bf16))
+        })
+        .collect();
+    for (name, m) in mats.iter().chain(&bf16_inputs) {
         let bytes = m.stored_bytes();
         let src = vec![1u8; bytes];
         let mut dst = vec![0u8; bytes];
@@ -57,7 +71,7 @@ fn main() {
                 std::hint::black_box(&out);
             });
             println!(
-                "{name:>5} {rows}x{cols} tokens {tokens:>2}: {:6.2} ms  {:6.1} GB/s ({:3.0}% of memcpy)  {:6.1} GFLOP/s",
+                "{name:>12} {rows}x{cols} tokens {tokens:>2}: {:6.2} ms  {:6.1} GB/s ({:3.0}% of memcpy)  {:6.1} GFLOP/s",
                 t * 1e3,
                 bytes as f64 / t / 1e9,
                 100.0 * copy / t,
