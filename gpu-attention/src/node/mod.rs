@@ -319,11 +319,10 @@ impl DisaggregatedNode {
         if let Some((two, one, two_s)) = self.overlap.preference(tokens)
             && before != Some(two)
         {
-            let low = 1usize << tokens.max(1).ilog2();
+            let (low, high) = overlap::class_range(tokens);
             tracing::info!(
-                "steps of {low}-{} tokens now run as {} micro-batch(es): measured {:.3} ms a token \
-                 with one, {:.3} ms with two",
-                low.saturating_mul(2) - 1,
+                "steps of {low}-{high} tokens now run as {} micro-batch(es): measured {:.3} ms a \
+                 token with one, {:.3} ms with two",
                 if two { 2 } else { 1 },
                 one * 1e3,
                 two_s * 1e3

@@ -9,18 +9,20 @@
 //! share the node's cores and memory bandwidth (measured on 2 cores, a medium Mixtral on 2
 //! cards: 34 against 47 ms a step at 16 sequences) and on a GPU below about 32 sequences
 //! (docs/PLANNING.md), one does. So the tuner keeps, for each size of step, the seconds per
-//! token of both, tries each a few times, runs the faster and tries the other again now and
-//! then in case the machine changed. Both give the same tokens, bit for bit: the choice only
-//! moves time.
+//! token of both, tries each once, runs the faster and tries the other again now and then in
+//! case the machine changed (or the first try was unlucky). Both give the same tokens, bit
+//! for bit: the choice only moves time.
 
-/// Steps of each option a size class runs before the tuner compares them.
-const WARMUP: u32 = 2;
+/// Steps of each option a size class runs before the tuner compares them. One: a fresh
+/// server pays for each class's slower option in full, and the retries correct a wrong start.
+const WARMUP: u32 = 1;
 /// In a size class whose choice is made, one step in this many runs the other option again.
 const RETRY_EVERY: u32 = 32;
 /// Weight of the newest step in an option's running estimate.
 const NEWEST: f64 = 0.3;
-/// Size classes: steps of 2^c..2^(c+1) tokens share class c.
-const CLASSES: usize = usize::BITS as usize;
+/// Size classes: steps of 4^c..4^(c+1) tokens share class c (coarse, so that a fresh server
+/// tries few classes: decode steps, steps with a prompt chunk, whole prefill chunks).
+const CLASSES: usize = usize::BITS as usize / 2;
 
 /// One option's running estimate in one size class.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -65,7 +67,16 @@ impl Default for OverlapTuner {
 }
 
 fn class(tokens: usize) -> usize {
-    tokens.max(1).ilog2() as usize
+    tokens.max(1).ilog2() as usize / 2
+}
+
+/// The token counts of the size class of a step of `tokens` tokens, first and last.
+pub fn class_range(tokens: usize) -> (usize, usize) {
+    let c = class(tokens) as u32;
+    (
+        4usize.pow(c),
+        4usize.checked_pow(c + 1).map_or(usize::MAX, |n| n - 1),
+    )
 }
 
 impl OverlapTuner {
@@ -133,8 +144,8 @@ mod tests {
     #[test]
     fn settles_on_the_faster_option_and_retries_the_other_rarely() {
         let mut t = OverlapTuner::default();
-        // Two micro-batches are slower at 16 tokens: after the warm-up (2 of each) the tuner
-        // runs one, retrying two once in RETRY_EVERY steps.
+        // Two micro-batches are slower at 16 tokens: after the warm-up (one of each) the
+        // tuner runs one, retrying two once in RETRY_EVERY steps.
         let twos = run(&mut t, 16, 4 + 10 * RETRY_EVERY as usize, 2.0e-3, 2.8e-3);
         assert_eq!(twos, WARMUP as usize + 10);
         assert_eq!(t.preference(16).map(|p| p.0), Some(false));
@@ -142,9 +153,12 @@ mod tests {
         let twos = run(&mut t, 64, 100, 1.5e-3, 1.0e-3);
         assert!(twos >= 100 - WARMUP as usize - 100 / RETRY_EVERY as usize);
         assert_eq!(t.preference(64).map(|p| p.0), Some(true));
-        // Steps of 16-31 tokens share a class; 16's choice stands.
-        assert_eq!(t.preference(31).map(|p| p.0), Some(false));
+        // Steps of 16-63 tokens share a class; 16's choice stands.
+        assert_eq!(t.preference(63).map(|p| p.0), Some(false));
         assert_eq!(t.preference(8), None);
+        assert_eq!(class_range(16), (16, 63));
+        assert_eq!(class_range(3), (1, 3));
+        assert_eq!(class_range(usize::MAX).1, usize::MAX);
     }
 
     #[test]

@@ -72,9 +72,10 @@ fn auto_tries_one_and_two_micro_batches_with_the_reference_tokens() {
         expected
     );
     let stats = n.stats();
-    // The prefill, then 7 decode steps of the same size: the warm-up runs two, one, two, one.
+    // The prefill (two, the first of its size class), then 7 decode steps of one class,
+    // whose warm-up runs two, then one.
     assert!(stats.two_micro_batch_steps >= 2, "{stats:?}");
-    assert!(stats.steps - stats.two_micro_batch_steps >= 2, "{stats:?}");
+    assert!(stats.steps - stats.two_micro_batch_steps >= 1, "{stats:?}");
     // Fixed settings run what they say.
     for (mb, twos) in [(MicroBatches::One, 0), (MicroBatches::Two, 8)] {
         let mut n = node(&dir, 2, mb);
