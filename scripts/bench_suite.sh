@@ -23,7 +23,9 @@
 # `generate` (scripts/hf_generate_bench.py) when its Python has torch and transformers.
 # `afd-8cards` (8 cards, 2 micro-batches) runs only when --variants names it, as do the
 # `-bf16` twins of monolithic, afd-2cards, afd-2cards-no-overlap and afd-8cards (`--activation-dtype bf16`: activations
-# rounded to bf16 where they meet bf16 or MXFP4 weights, the numerics of a bf16 GGUF in llama.cpp).
+# rounded to bf16 where they meet bf16 or MXFP4 weights, the numerics of a bf16 GGUF in llama.cpp)
+# and the `-auto` ones (afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto: afd serve's
+# default `--micro-batches auto`, which measures one and two micro-batches and runs the faster).
 # With --with-llamacpp, llama.cpp's llama-server is a variant too (`llama-server`), built from
 # source and fed a GGUF converted from the same checkpoint by scripts/bench_llamacpp.sh (both
 # cached under the cargo target folder), served with `-t THREADS -np <largest concurrency> -kvu
@@ -118,7 +120,8 @@ case "$llamacpp_mode" in on|1|yes) llamacpp_mode=on ;; off|0|no) llamacpp_mode=o
 mkdir -p "$out"/{runs,logs,metrics,rss}
 out="$(cd "$out" && pwd)"
 
-# name|afd serve flags. Overlap on = 2 micro-batches (auto would also split at 2+ sequences).
+# name|afd serve flags. Overlap on = 2 micro-batches; `-auto`: the default, whichever of 1 and 2
+# the node measures to be faster.
 all_variants=(
     "monolithic|--reference"
     "afd-1card|--cards 1 --micro-batches 2"
@@ -130,6 +133,9 @@ all_variants=(
     "afd-2cards-bf16|--cards 2 --micro-batches 2 --activation-dtype bf16"
     "afd-2cards-bf16-no-overlap|--cards 2 --micro-batches 1 --activation-dtype bf16"
     "afd-8cards-bf16|--cards 8 --micro-batches 2 --activation-dtype bf16"
+    "afd-2cards-auto|--cards 2"
+    "afd-2cards-bf16-auto|--cards 2 --activation-dtype bf16"
+    "afd-8cards-bf16-auto|--cards 8 --activation-dtype bf16"
 )
 default_variants=",monolithic,afd-1card,afd-2cards,afd-4cards,afd-2cards-no-overlap,"
 variants=()
@@ -139,7 +145,7 @@ for v in "${all_variants[@]}"; do
 done
 # llama-server is the peer, not an afd deployment: --with-llamacpp adds it to any selection.
 if [[ $llamacpp_mode == on ]]; then variants+=("llama-server|"); fi
-[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards, monolithic-bf16, afd-2cards-bf16, afd-2cards-bf16-no-overlap, afd-8cards-bf16"
+[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards, monolithic-bf16, afd-2cards-bf16, afd-2cards-bf16-no-overlap, afd-8cards-bf16, afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto"
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$out/suite.log" >&2; }
 
