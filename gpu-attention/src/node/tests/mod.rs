@@ -301,14 +301,13 @@ fn node_with(
     node
 }
 
-/// Generation of several prompts together through the node's step API.
-fn run(
-    node: &mut DisaggregatedNode,
+/// One request per prompt, without stop tokens.
+fn requests(
     prompts: &[Vec<u32>],
     max_tokens: usize,
     params: SamplingParams,
-) -> Vec<Vec<u32>> {
-    let requests: Vec<GenerationRequest> = prompts
+) -> Vec<GenerationRequest> {
+    prompts
         .iter()
         .map(|p| GenerationRequest {
             prompt: p.clone(),
@@ -316,7 +315,17 @@ fn run(
             sampling: params,
             stop_token_ids: vec![],
         })
-        .collect();
+        .collect()
+}
+
+/// Generation of several prompts together through the node's step API.
+fn run(
+    node: &mut DisaggregatedNode,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    params: SamplingParams,
+) -> Vec<Vec<u32>> {
+    let requests = requests(prompts, max_tokens, params);
     crate::driver::generate(node, &requests, 100)
         .unwrap()
         .into_iter()
@@ -331,15 +340,7 @@ fn reference(
     params: SamplingParams,
 ) -> Vec<Vec<u32>> {
     let mut m = ReferenceModel::new(ModelWeights::load(dir).unwrap()).unwrap();
-    let requests: Vec<GenerationRequest> = prompts
-        .iter()
-        .map(|p| GenerationRequest {
-            prompt: p.clone(),
-            max_tokens,
-            sampling: params,
-            stop_token_ids: vec![],
-        })
-        .collect();
+    let requests = requests(prompts, max_tokens, params);
     generate(&mut m, &requests, 0)
         .unwrap()
         .into_iter()
@@ -565,15 +566,7 @@ fn prompts_longer_than_a_step_are_prefilled_in_chunks() {
         ..Setup::default()
     };
     let mut n = node_with(&dir, 2, MicroBatches::Auto, AttentionDevice::Cpu, setup);
-    let requests: Vec<GenerationRequest> = prompts()
-        .into_iter()
-        .map(|prompt| GenerationRequest {
-            prompt,
-            max_tokens: 5,
-            sampling: SamplingParams::greedy(),
-            stop_token_ids: vec![],
-        })
-        .collect();
+    let requests = requests(&prompts(), 5, SamplingParams::greedy());
     let whole = crate::driver::generate(&mut n, &requests, 0);
     assert!(
         matches!(&whole, Err(StepError::Invalid(m)) if m.contains("max_tokens 4")),
