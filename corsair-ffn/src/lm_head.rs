@@ -30,6 +30,9 @@ pub struct RowSampling {
     pub position: u64,
     /// Whether the row's log-probabilities are wanted (the proposal's `log_sum_exp`).
     pub logprobs: bool,
+    /// Whether the node samples the row with top-k, top-p or min-p (the proposal's
+    /// `scaled_log_sum_exp`).
+    pub filtered: bool,
 }
 
 /// A candidate token.
@@ -61,7 +64,7 @@ pub struct LmProposal {
     pub shard_rows: u32,
     /// `ln(sum(exp(logits)))` over the shard, for rows that want logprobs.
     pub log_sum_exp: Option<f64>,
-    /// Same over `logits / temperature` (sampled rows).
+    /// Same over `logits / temperature` (sampled rows the node filters: [`RowSampling::filtered`]).
     pub scaled_log_sum_exp: Option<f64>,
     /// Gumbel-max winner over the shard (sampled rows).
     pub gumbel: Option<GumbelWinner>,
@@ -90,7 +93,10 @@ pub fn propose(
     let p = &row.params;
     let sampled = !p.is_greedy();
     let want = options.candidates.min(logits.len());
-    let scaled_log_sum_exp = sampled.then(|| {
+    // Only filtered sampling (top-k, top-p, min-p) needs the scaled distribution's normalizer;
+    // plain sampling takes the Gumbel winners alone, and an exp of every logit of the shard
+    // is a large part of a row's LM head.
+    let scaled_log_sum_exp = (sampled && row.filtered).then(|| {
         let scaled: Vec<f32> = logits.iter().map(|&l| l / p.temperature).collect();
         log_sum_exp(&scaled)
     });
@@ -165,6 +171,7 @@ mod tests {
                 },
                 position: 17 + seed,
                 logprobs: false,
+                filtered: false,
             };
             let want = sample(&all, &row.params, row.position);
             for cards in [1usize, 3, 8] {
@@ -235,19 +242,18 @@ mod tests {
     }
 
     #[test]
-    fn sampled_rows_carry_the_log_sum_exp_of_the_scaled_logits() {
+    fn filtered_rows_carry_the_log_sum_exp_of_the_scaled_logits() {
         let all = logits(3000, 1);
         let row = RowSampling {
             params: SamplingParams {
                 temperature: 0.7,
-                // Filters are the node's: they change nothing here.
-                top_k: 200,
-                min_p: 0.05,
-                top_p: 0.5,
+                seed: 3,
                 ..Default::default()
             },
             position: 0,
             logprobs: false,
+            // The filters are the node's to apply; the card only hears that there are some.
+            filtered: true,
         };
         let p = propose(&all, 0, &row, &CandidateOptions { candidates: 10 });
         assert_eq!(p.candidates.len(), 10);
@@ -263,5 +269,13 @@ mod tests {
         );
         assert!(greedy.scaled_log_sum_exp.is_none() && greedy.gumbel.is_none());
         assert_eq!(greedy.candidates, p.candidates);
+        // Plain sampling needs only the Gumbel winner.
+        let plain = RowSampling {
+            filtered: false,
+            ..row
+        };
+        let q = propose(&all, 0, &plain, &CandidateOptions { candidates: 10 });
+        assert!(q.scaled_log_sum_exp.is_none());
+        assert_eq!(q.gumbel, p.gumbel);
     }
 }

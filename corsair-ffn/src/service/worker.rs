@@ -169,6 +169,7 @@ impl Worker {
                             },
                             position: s.position,
                             logprobs: s.logprobs,
+                            filtered: s.filtered,
                         }
                     })
                     .collect();

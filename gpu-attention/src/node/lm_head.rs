@@ -325,5 +325,6 @@ fn row_sampling(row: &Row) -> RowSampling {
         seed: p.seed,
         position: row.position,
         logprobs: row.request.wants_logprobs(),
+        filtered: !p.is_greedy() && p.has_filters(),
     }
 }

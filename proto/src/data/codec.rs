@@ -2,7 +2,8 @@
 
 use super::{
     Candidate, DecodeError, HEADER_LEN, Header, Kind, MAGIC, PROPOSAL_FIXED_LEN, Proposal,
-    ROW_FLAG_LOGPROBS, ROW_SAMPLING_LEN, RowSampling, VERSION, WireDtype, proposal_len,
+    ROW_FLAG_FILTERED, ROW_FLAG_LOGPROBS, ROW_SAMPLING_LEN, RowSampling, VERSION, WireDtype,
+    proposal_len,
 };
 
 /// Step, layer and micro-batch of a message, and its row dtype.
@@ -301,6 +302,7 @@ impl LmHeadDispatch<'_> {
         RowSampling {
             temperature: f32::from_bits(u32_at(b, 0)),
             logprobs: u32_at(b, 4) & ROW_FLAG_LOGPROBS != 0,
+            filtered: u32_at(b, 4) & ROW_FLAG_FILTERED != 0,
             seed: u64_at(b, 8),
             position: u64_at(b, 16),
         }
@@ -328,7 +330,8 @@ pub fn encode_lm_head_dispatch(
     push_rows(rows, meta.dtype, out);
     for s in sampling {
         out.extend_from_slice(&s.temperature.to_le_bytes());
-        let flags = if s.logprobs { ROW_FLAG_LOGPROBS } else { 0 };
+        let flags = if s.logprobs { ROW_FLAG_LOGPROBS } else { 0 }
+            | if s.filtered { ROW_FLAG_FILTERED } else { 0 };
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&s.seed.to_le_bytes());
         out.extend_from_slice(&s.position.to_le_bytes());

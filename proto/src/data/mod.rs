@@ -245,10 +245,15 @@ pub struct RowSampling {
     /// Whether the row's log-probabilities are wanted: only then does a card compute its
     /// shard's log-sum-exp (NaN in the proposal otherwise).
     pub logprobs: bool,
+    /// Whether the row samples with top-k, top-p or min-p: only then does a card compute its
+    /// shard's log-sum-exp of the scaled logits (NaN in the proposal otherwise).
+    pub filtered: bool,
 }
 
 /// Flag bit of [`RowSampling::logprobs`] in the encoded row.
 pub const ROW_FLAG_LOGPROBS: u32 = 1;
+/// Flag bit of [`RowSampling::filtered`] in the encoded row.
+pub const ROW_FLAG_FILTERED: u32 = 2;
 
 /// Bytes of one encoded [`RowSampling`].
 pub const ROW_SAMPLING_LEN: usize = 24;
@@ -267,9 +272,9 @@ pub struct Candidate {
 pub struct Proposal {
     /// `ln(sum(exp(logit)))` over the shard (rows that want logprobs; NaN otherwise).
     pub log_sum_exp: f64,
-    /// `ln(sum(exp(logit / T)))` over the shard, `T` the row's temperature (sampled rows; NaN
-    /// for greedy ones): with every card's, the probability of any candidate under the
-    /// distribution the row samples from.
+    /// `ln(sum(exp(logit / T)))` over the shard, `T` the row's temperature (sampled rows with
+    /// top-k, top-p or min-p filters; NaN for others): with every card's, the probability of
+    /// any candidate under the distribution the row samples from.
     pub scaled_log_sum_exp: f64,
     /// The shard's Gumbel-max winner (meaningful when the row's temperature is > 0).
     pub winner: u32,
