@@ -134,10 +134,12 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
             sampling: SamplingParams::greedy(),
             stop_token_ids: vec![],
         };
-        let got = gpu_attention::driver::generate(
+        // Prompts longer than a step go in chunks, as the server prefills them.
+        let got = gpu_attention::driver::generate_in_chunks(
             &mut node,
             std::slice::from_ref(&request),
             1000 + i as u64,
+            config.node.max_tokens,
         )?
         .remove(0);
         let logits = node.take_logits();
