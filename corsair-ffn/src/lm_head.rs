@@ -64,7 +64,8 @@ pub struct LmProposal {
     pub shard_rows: u32,
     /// `ln(sum(exp(logits)))` over the shard, for rows that want logprobs.
     pub log_sum_exp: Option<f64>,
-    /// Same over `logits / temperature` (sampled rows the node filters: [`RowSampling::filtered`]).
+    /// Same over `logits / temperature` (sampled rows the node filters:
+    /// [`RowSampling::filtered`]).
     pub scaled_log_sum_exp: Option<f64>,
     /// Gumbel-max winner over the shard (sampled rows).
     pub gumbel: Option<GumbelWinner>,

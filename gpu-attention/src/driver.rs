@@ -81,9 +81,6 @@ pub fn generate_in_chunks(
                     }
                     Some(&t) => (vec![t], r.prompt.len() + out.len() - 1, true),
                 };
-                if tokens.is_empty() {
-                    continue;
-                }
                 budget -= tokens.len();
                 if out.is_empty() {
                     prefilled[i] += tokens.len();

@@ -252,9 +252,9 @@ impl<'de> Deserialize<'de> for MicroBatchSetting {
 #[serde(default, deny_unknown_fields)]
 pub struct OverlapSection {
     /// Micro-batches per step: `1` (no overlap), `2` (while the cards compute layer l for one
-    /// half of the batch, the attention node computes the other half), or `"auto"` (for steps of 2 or
-    /// more sequences, whichever of the two the node measures to be faster for steps of that
-    /// size). Default `"auto"`.
+    /// half of the batch, the attention node computes the other half), or `"auto"` (for steps
+    /// of 2 or more sequences, whichever of the two the node measures to be faster for steps
+    /// of that size). Default `"auto"`.
     pub micro_batches: MicroBatchSetting,
 }
 

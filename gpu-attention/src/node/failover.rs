@@ -41,8 +41,9 @@ impl DisaggregatedNode {
     pub(super) fn step_with_failover(
         &mut self,
         batch: &StepBatch,
+        two: bool,
     ) -> Result<StepOutput, StepError> {
-        match self.run_step(batch) {
+        match self.run_step(batch, two) {
             Err(StepError::Card { card, message }) if self.covered_now(card) => {
                 self.stats.retried_steps += 1;
                 tracing::warn!(
@@ -50,7 +51,7 @@ impl DisaggregatedNode {
                     "card {card} failed during a step ({message}); running the step again on the \
                      cards that are up"
                 );
-                self.run_step(batch)
+                self.run_step(batch, two)
             }
             other => other,
         }

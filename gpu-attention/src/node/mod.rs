@@ -205,8 +205,6 @@ pub struct DisaggregatedNode {
     stats: NodeStats,
     /// Picks one or two micro-batches per step under [`MicroBatches::Auto`].
     overlap: OverlapTuner,
-    /// Whether the step under way runs as two micro-batches (when it has two sequences).
-    two_micro_batches: bool,
     trace: Trace,
     /// When set, every sampled row goes through the full-logits path and its logits are kept.
     collect_logits: bool,
@@ -261,7 +259,6 @@ impl DisaggregatedNode {
             step_counter: 0,
             stats: NodeStats::default(),
             overlap: OverlapTuner::default(),
-            two_micro_batches: false,
             collect_logits: false,
             logits: Vec::new(),
         })
@@ -313,9 +310,9 @@ impl DisaggregatedNode {
 impl DisaggregatedNode {
     /// Hands a step's time to the [`OverlapTuner`], and says so when its choice for steps of
     /// this size turns.
-    fn record_overlap(&mut self, tokens: usize, seconds: f64) {
+    fn record_overlap(&mut self, tokens: usize, two: bool, seconds: f64) {
         let before = self.overlap.preference(tokens).map(|p| p.0);
-        self.overlap.record(tokens, self.two_micro_batches, seconds);
+        self.overlap.record(tokens, two, seconds);
         if let Some((two, one, two_s)) = self.overlap.preference(tokens)
             && before != Some(two)
         {
@@ -378,22 +375,23 @@ impl AttentionNode for DisaggregatedNode {
         let started = std::time::Instant::now();
         let retried = self.stats.retried_steps;
         let tokens: usize = batch.entries.iter().map(|e| e.tokens.len()).sum();
-        let choosing = batch.entries.len() >= 2;
-        self.two_micro_batches = choosing
+        // Only steps of two or more sequences can be split; only `auto` has a choice to learn.
+        let tuning = batch.entries.len() >= 2 && self.node.micro_batches == MicroBatches::Auto;
+        let two = batch.entries.len() >= 2
             && match self.node.micro_batches {
                 MicroBatches::One => false,
                 MicroBatches::Two => true,
                 MicroBatches::Auto => self.overlap.two(tokens),
             };
-        let out = self.step_with_failover(batch);
+        let out = self.step_with_failover(batch, two);
         let seconds = started.elapsed().as_secs_f64();
         self.stats.steps += 1;
         self.stats.tokens += tokens as u64;
         self.stats.step_seconds += seconds;
-        self.stats.two_micro_batch_steps += u64::from(self.two_micro_batches);
+        self.stats.two_micro_batch_steps += u64::from(two);
         // A step that failed, or ran twice after a card went down, says nothing of its speed.
-        if choosing && out.is_ok() && self.stats.retried_steps == retried {
-            self.record_overlap(tokens, seconds);
+        if tuning && out.is_ok() && self.stats.retried_steps == retried {
+            self.record_overlap(tokens, two, seconds);
         }
         out
     }

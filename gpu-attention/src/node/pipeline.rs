@@ -45,7 +45,12 @@ pub(super) struct Pending {
 }
 
 impl DisaggregatedNode {
-    pub(super) fn run_step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
+    /// One step, as two micro-batches when `two` and the batch has two or more sequences.
+    pub(super) fn run_step(
+        &mut self,
+        batch: &StepBatch,
+        two: bool,
+    ) -> Result<StepOutput, StepError> {
         // A sequence that starts at 0 is new, whatever this node remembers under its id (a
         // frontend that restarted numbers its sequences from the start again).
         for e in batch.entries.iter().filter(|e| e.start == 0) {
@@ -60,7 +65,7 @@ impl DisaggregatedNode {
         }
         self.begin_cards()?;
         self.step_counter += 1;
-        let mut mbs = self.split(batch)?;
+        let mut mbs = self.split(batch, two)?;
         for mb in &mbs {
             let rows = mb.positions.len();
             if rows > self.node.max_tokens {
@@ -120,11 +125,11 @@ impl DisaggregatedNode {
         out
     }
 
-    /// Cuts the batch into one or two micro-batches (as the step's choice says) of about equal
-    /// token counts, in order.
-    fn split(&self, batch: &StepBatch) -> Result<Vec<MicroBatch>, StepError> {
+    /// Cuts the batch into one micro-batch or (when `two`) two of about equal token counts,
+    /// in order.
+    fn split(&self, batch: &StepBatch, two: bool) -> Result<Vec<MicroBatch>, StepError> {
         let n = batch.entries.len();
-        let groups: Vec<Vec<usize>> = if self.two_micro_batches && n >= 2 {
+        let groups: Vec<Vec<usize>> = if two && n >= 2 {
             let total: usize = batch.entries.iter().map(|e| e.tokens.len()).sum();
             let mut acc = 0;
             let mut cut = 1;

@@ -215,8 +215,8 @@ struct Setup {
     dies: Option<usize>,
     /// [`NodeConfig::solo_threads`].
     solo_threads: usize,
-    /// [`NodeConfig::max_tokens`] (0: the default).
-    step_tokens: usize,
+    /// [`NodeConfig::max_tokens`], when not the default.
+    max_tokens: Option<usize>,
 }
 
 /// A node on `device` with its cards set up as `setup` says.
@@ -231,7 +231,7 @@ fn node_with(
         replicated,
         dies,
         solo_threads,
-        step_tokens,
+        max_tokens,
     } = setup;
     let all = ModelWeights::load(dir).unwrap();
     let attn = ModelWeights::load_with(
@@ -284,11 +284,7 @@ fn node_with(
         micro_batches,
         lm_head_candidates: 4,
         solo_threads,
-        max_tokens: if step_tokens > 0 {
-            step_tokens
-        } else {
-            NodeConfig::default().max_tokens
-        },
+        max_tokens: max_tokens.unwrap_or(NodeConfig::default().max_tokens),
         kv: crate::kv_cache::KvCacheConfig {
             block_size: 4,
             memory_bytes: 4 << 20,
@@ -562,7 +558,7 @@ fn prompts_longer_than_a_step_are_prefilled_in_chunks() {
     let dir = fixture("gpt-oss-mxfp4");
     let expected = reference(&dir, &prompts(), 5, SamplingParams::greedy());
     let setup = Setup {
-        step_tokens: 4,
+        max_tokens: Some(4),
         ..Setup::default()
     };
     let mut n = node_with(&dir, 2, MicroBatches::Auto, AttentionDevice::Cpu, setup);
