@@ -145,6 +145,51 @@ fn a_sequence_gives_the_same_bits_alone_and_in_a_batch() {
     }
 }
 
+/// Decode steps of several sequences at once, whose attention runs side by side on a pool of
+/// 2 threads, give each sequence the bits it gets decoding alone on one thread.
+#[test]
+fn batched_decode_on_two_threads_gives_the_bits_of_each_sequence_alone() {
+    let pool = |n| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (pool(1), pool(2));
+    for family in [Family::GptOss, Family::Mixtral, Family::Qwen3Moe] {
+        let dir = tempfile::tempdir().unwrap();
+        synth(dir.path(), family, None);
+        let decode = |seqs: &[usize], steps: usize| -> Vec<Vec<Vec<f32>>> {
+            let mut m = ReferenceModel::new(ModelWeights::load(dir.path()).unwrap()).unwrap();
+            let chunk = |i: usize, tokens: Vec<u32>| SeqChunk {
+                seq: i as u64,
+                tokens,
+            };
+            let prompts: Vec<SeqChunk> = seqs
+                .iter()
+                .map(|&i| chunk(i, prompts()[i].clone()))
+                .collect();
+            m.forward(&prompts, LogitsFor::LastToken).unwrap();
+            (0..steps)
+                .map(|s| {
+                    let step: Vec<SeqChunk> = seqs
+                        .iter()
+                        .map(|&i| chunk(i, vec![(s * 7 + i * 3 + 1) as u32]))
+                        .collect();
+                    m.forward(&step, LogitsFor::LastToken).unwrap()
+                })
+                .collect()
+        };
+        let together = two.install(|| decode(&[0, 1, 2], 3));
+        for i in 0..3 {
+            let alone = one.install(|| decode(&[i], 3));
+            for (s, (a, t)) in alone.iter().zip(&together).enumerate() {
+                assert_eq!(a[0], t[i], "{family}: sequence {i}, step {s}");
+            }
+        }
+    }
+}
+
 #[test]
 fn sharded_checkpoint_equals_single_file() {
     let dir = tempfile::tempdir().unwrap();

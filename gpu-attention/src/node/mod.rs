@@ -79,9 +79,9 @@ pub struct NodeConfig {
     /// for this node and it waits for them in turn (0: the process's pool, as in every other
     /// step). Where the cards share this node's host, their cores are idle while it computes,
     /// so such a step may use them all; with two micro-batches the node computes beside the
-    /// cards and keeps to its own share. Models whose layers have little attention (under
-    /// 4 M weights) keep to the process's pool always: handing so little over costs more than
-    /// it gains.
+    /// cards and keeps to its own share. Steps whose attention is little work (under 4 M
+    /// weights times tokens a layer: a medium Mixtral's single decode token) keep to the
+    /// process's pool: handing so little over costs more than it gains.
     pub solo_threads: usize,
 }
 
@@ -192,6 +192,9 @@ pub struct DisaggregatedNode {
     /// Threads for the attention of single-micro-batch steps (see [`NodeConfig::solo_threads`]);
     /// `None` when they would be no more than the process's pool.
     solo_pool: Option<Arc<rayon::ThreadPool>>,
+    /// Attention work (weights times tokens a layer) from which a step takes the solo pool;
+    /// [`SOLO_MIN_LAYER_WORK`], lowered by tests to put small fixtures on the pool.
+    solo_min_work: usize,
     /// The LM head's weight, for the vocabulary rows of cards that are down.
     lm_weight: model::WeightMatrix,
     /// The cards' states, shared with whoever watches them.
@@ -240,7 +243,7 @@ impl DisaggregatedNode {
             )));
         }
         let compute = Compute::new(weights, &node.kv, node.device)?;
-        let solo_pool = solo_pool(node.solo_threads, &compute, &config)?;
+        let solo_pool = solo_pool(node.solo_threads, &compute)?;
         let board = Arc::new(CardBoard::new(&layout));
         Ok(DisaggregatedNode {
             lm_weight: weights.lm_head.clone(),
@@ -250,6 +253,7 @@ impl DisaggregatedNode {
             trace: Trace::new(node.trace),
             compute,
             solo_pool,
+            solo_min_work: SOLO_MIN_LAYER_WORK,
             config,
             node,
             layout,
@@ -328,29 +332,30 @@ impl DisaggregatedNode {
     }
 }
 
-/// Weights a layer's attention must have for a step to hand it to the solo pool. Below this
-/// the hand-over, twice a layer, costs more than the second core saves: measured on 2 cores,
-/// GPT-OSS-20B (26.5 M a layer) went from 129 to 116 ms a step, a medium Mixtral (1.6 M) from
-/// 8.2-8.4 to 8.6 ms.
-const SOLO_MIN_LAYER_WEIGHTS: usize = 4 << 20;
+/// Work (weights times tokens) a layer's attention must have for a step to hand it to the solo
+/// pool. Below this the hand-over, twice a layer, costs more than the second core saves:
+/// measured on 2 cores, GPT-OSS-20B at one token (26.5 M weights a layer) went from 129 to 116
+/// ms a step, a medium Mixtral at one token (1.6 M) from 8.2-8.4 to 8.6 ms, and the same
+/// Mixtral at 16 tokens spent 3.7 instead of 5.0-5.3 ms a step in attention.
+const SOLO_MIN_LAYER_WORK: usize = 4 << 20;
 
 /// Weights of one layer's q, k, v and o projections.
 fn attention_weights(config: &ModelConfig) -> usize {
     config.hidden_size * 2 * (config.q_dim() + config.kv_dim())
 }
 
+/// Attention work of one layer at `tokens` tokens: weights times tokens.
+fn attention_work(config: &ModelConfig, tokens: usize) -> usize {
+    attention_weights(config).saturating_mul(tokens)
+}
+
 /// The pool of [`NodeConfig::solo_threads`] threads, for the host path when it is wider than
-/// the process's pool and the model's attention is large enough to gain from it (a device
-/// computes on its own).
+/// the process's pool (a device computes on its own).
 fn solo_pool(
     threads: usize,
     compute: &Compute,
-    config: &ModelConfig,
 ) -> Result<Option<Arc<rayon::ThreadPool>>, StepError> {
-    if !matches!(compute, Compute::Host(_))
-        || threads <= rayon::current_num_threads()
-        || attention_weights(config) < SOLO_MIN_LAYER_WEIGHTS
-    {
+    if !matches!(compute, Compute::Host(_)) || threads <= rayon::current_num_threads() {
         return Ok(None);
     }
     compute_pool(threads).map(Some)

@@ -82,8 +82,13 @@ impl DisaggregatedNode {
             .collect();
         let layers = self.config.num_layers();
         let mut stash: HashMap<(usize, u8, usize), Vec<u8>> = HashMap::new();
-        let solo = match (&self.solo_pool, mbs.len()) {
-            (Some(pool), 1) => Some(pool.clone()),
+        let solo = match (&self.solo_pool, mbs.as_slice()) {
+            (Some(pool), [mb])
+                if super::attention_work(&self.config, mb.positions.len())
+                    >= self.solo_min_work =>
+            {
+                Some(pool.clone())
+            }
             _ => None,
         };
         for layer in 0..layers {

@@ -10,13 +10,14 @@
 //! uses a contiguous one.
 
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 
 use super::attend::{RowAttention, SpanQueries};
 pub use super::kv_cache::{ContiguousKvCache, KvCache, KvRun, SeqId};
 use super::ops::{rms_norm, to_f32_vec, vector};
 use super::rope::RopeTables;
 use crate::config::{AttentionKind, ModelConfig};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::weights::{LayerWeights, Linear};
 
 /// Where one sequence's new tokens sit in a flattened batch.
@@ -117,8 +118,8 @@ impl AttentionBlock {
             kind: self.kind,
             sinks: self.sink_values.as_deref(),
         };
-        let mut out = vec![0f32; n * q_w];
-        let mut scores = Vec::new();
+        // Every span is a sequence of its own, so all keys and values go in first and the
+        // spans' attention then reads the cache side by side.
         for span in spans {
             let (a, b) = (span.start, span.start + span.len);
             cache.store(
@@ -128,51 +129,102 @@ impl AttentionBlock {
                 &k_rows[a * kv_w..b * kv_w],
                 &v_rows[a * kv_w..b * kv_w],
             )?;
-            let total = span.past + span.len;
-            let out_rows = &mut out[a * q_w..b * q_w];
-            if span.len <= ROW_KERNEL_MAX_QUERIES {
+        }
+        let cache: &dyn KvCache = cache;
+        let mut out = vec![0f32; n * q_w];
+        let (short, long): (Vec<_>, Vec<_>) = span_rows(spans, &mut out, q_w)?
+            .into_iter()
+            .partition(|(span, _)| span.len <= ROW_KERNEL_MAX_QUERIES);
+        let row_attention =
+            |(span, out_rows): (&SeqSpan, &mut [f32]), scores: &mut Vec<f32>| -> Result<()> {
                 let first_key = match self.kind {
                     AttentionKind::Full => 0,
                     AttentionKind::Sliding { window } => (span.past + 1).saturating_sub(window),
                 };
+                let (a, b) = (span.start, span.start + span.len);
                 let mut runs = Vec::new();
-                cache.history(layer, span.seq, first_key..total, &mut runs)?;
+                cache.history(layer, span.seq, first_key..span.past + span.len, &mut runs)?;
                 let queries = SpanQueries {
                     q: &q_rows[a * q_w..b * q_w],
                     past: span.past,
                     first_key,
                     runs: &runs,
                 };
-                rows.attend(queries, &mut scores, out_rows);
-            } else {
-                let mut runs = Vec::new();
-                cache.history(layer, span.seq, 0..total, &mut runs)?;
-                let history = |values: bool| -> Result<Tensor> {
-                    let flat: Vec<f32> = runs
-                        .iter()
-                        .flat_map(|r| if values { r.values } else { r.keys }.iter().copied())
-                        .collect();
-                    Ok(Tensor::from_vec(flat, (total, nkv, d), h.device())?
-                        .transpose(0, 1)?
-                        .contiguous()?)
-                };
-                let o = attention_core(
-                    &Tensor::from_slice(&q_rows[a * q_w..b * q_w], (span.len, nh, d), h.device())?
-                        .transpose(0, 1)?
-                        .contiguous()?,
-                    &history(false)?,
-                    &history(true)?,
-                    span.past,
-                    self.kind,
-                    self.sinks.as_ref(),
-                    self.scale,
-                )?;
-                out_rows.copy_from_slice(&to_f32_vec(&o)?);
+                rows.attend(queries, scores, out_rows);
+                Ok(())
+            };
+        // A decode batch's sequences are independent row loops: split them over the pool's
+        // threads (one sequence is not worth a hand-over).
+        if short.len() >= 2 && rayon::current_num_threads() > 1 {
+            short
+                .into_par_iter()
+                .try_for_each_init(Vec::new, |scores, job| row_attention(job, scores))?;
+        } else {
+            let mut scores = Vec::new();
+            for job in short {
+                row_attention(job, &mut scores)?;
             }
+        }
+        for (span, out_rows) in long {
+            let total = span.past + span.len;
+            let (a, b) = (span.start, span.start + span.len);
+            let mut runs = Vec::new();
+            cache.history(layer, span.seq, 0..total, &mut runs)?;
+            let history = |values: bool| -> Result<Tensor> {
+                let flat: Vec<f32> = runs
+                    .iter()
+                    .flat_map(|r| if values { r.values } else { r.keys }.iter().copied())
+                    .collect();
+                Ok(Tensor::from_vec(flat, (total, nkv, d), h.device())?
+                    .transpose(0, 1)?
+                    .contiguous()?)
+            };
+            let o = attention_core(
+                &Tensor::from_slice(&q_rows[a * q_w..b * q_w], (span.len, nh, d), h.device())?
+                    .transpose(0, 1)?
+                    .contiguous()?,
+                &history(false)?,
+                &history(true)?,
+                span.past,
+                self.kind,
+                self.sinks.as_ref(),
+                self.scale,
+            )?;
+            out_rows.copy_from_slice(&to_f32_vec(&o)?);
         }
         let o = Tensor::from_vec(out, (n, q_w), h.device())?.to_dtype(h.dtype())?;
         self.o.forward(&o)
     }
+}
+
+/// Each span with its rows of `out` (`[tokens, width]`); the spans must cover disjoint rows.
+fn span_rows<'s, 'o>(
+    spans: &'s [SeqSpan],
+    out: &'o mut [f32],
+    width: usize,
+) -> Result<Vec<(&'s SeqSpan, &'o mut [f32])>> {
+    let mut order: Vec<&SeqSpan> = spans.iter().collect();
+    order.sort_by_key(|s| s.start);
+    let mut rest = out;
+    let mut at = 0;
+    let mut jobs = Vec::with_capacity(spans.len());
+    for span in order {
+        let end = span.start + span.len;
+        if span.start < at || end * width > at * width + rest.len() {
+            return Err(Error::InvalidInput(format!(
+                "sequence {} claims rows {}..{end}, which overlap another sequence's or lie \
+                 past the batch",
+                span.seq, span.start
+            )));
+        }
+        let tail = std::mem::take(&mut rest);
+        let (_, tail) = tail.split_at_mut((span.start - at) * width);
+        let (rows, tail) = tail.split_at_mut(span.len * width);
+        rest = tail;
+        at = end;
+        jobs.push((span, rows));
+    }
+    Ok(jobs)
 }
 
 /// Spans of at most this many new tokens (decode, short chunks) take the row kernel; longer
@@ -285,6 +337,35 @@ mod tests {
     use super::*;
 
     /// The in-place rotation of host rows gives candle's rope kernel's bits.
+    #[test]
+    fn spans_get_their_own_rows_and_overlaps_are_refused() {
+        let span = |seq, start, len| SeqSpan {
+            seq,
+            start,
+            len,
+            past: 0,
+        };
+        let mut out: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        // Out of order, with a gap (row 3 belongs to no span).
+        let spans = [span(7, 4, 2), span(8, 0, 3)];
+        let jobs = span_rows(&spans, &mut out, 2).unwrap();
+        let got: Vec<(u64, Vec<f32>)> = jobs.iter().map(|(s, r)| (s.seq, r.to_vec())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (8, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]),
+                (7, vec![8.0, 9.0, 10.0, 11.0])
+            ]
+        );
+        for bad in [
+            [span(1, 0, 3), span(2, 2, 2)],
+            [span(1, 0, 3), span(2, 5, 2)],
+        ] {
+            let err = span_rows(&bad, &mut out, 2).unwrap_err().to_string();
+            assert!(err.contains("sequence 2 claims rows"), "{err}");
+        }
+    }
+
     #[test]
     fn rope_rows_equal_candles_kernel() {
         let (n, heads, d) = (5, 3, 8);

@@ -23,8 +23,9 @@ pub struct KvRun<'a> {
     pub values: &'a [f32],
 }
 
-/// Storage of keys and values per (layer, sequence).
-pub trait KvCache {
+/// Storage of keys and values per (layer, sequence). `Sync`, so that the sequences of a batch
+/// can read their histories side by side.
+pub trait KvCache: Sync {
     /// Stores the rows `k` and `v` (`[t, kv_heads * head_dim]`) of `seq` at `layer` for
     /// positions `past..past + t`. `past` must equal what the cache already holds for `seq`.
     fn store(&mut self, layer: usize, seq: SeqId, past: usize, k: &[f32], v: &[f32]) -> Result<()>;

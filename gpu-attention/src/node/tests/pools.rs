@@ -16,11 +16,10 @@ fn a_wider_pool_for_single_micro_batch_steps_gives_the_same_logits() {
             ..Setup::default()
         };
         let mut n = node_with(&dir, 2, mb, AttentionDevice::Cpu, setup);
-        // The fixture's attention is far too small for the node to take the pool itself.
-        assert!(n.solo_pool.is_none());
-        if solo {
-            n.solo_pool = Some(crate::node::compute_pool(wider).unwrap());
-        }
+        assert_eq!(n.solo_pool.is_some(), solo);
+        // The fixture's attention is far too little work for the node to take the pool
+        // itself.
+        n.solo_min_work = 0;
         n.collect_logits(true);
         let tokens = run(&mut n, &prompts(), 6, SamplingParams::greedy());
         // The pool computed every layer of the steps of one micro-batch, and no other.
@@ -42,22 +41,41 @@ fn a_wider_pool_for_single_micro_batch_steps_gives_the_same_logits() {
     assert_eq!(logits(true, MicroBatches::Two), plain);
 }
 
-/// The node takes the wider pool for GPT-OSS-20B's attention (2880 wide, 64 query and 8
-/// key-value heads of 64) and not for a medium Mixtral's (768 wide, 12 and 4 heads of 64).
+/// With the pool there, the node still keeps steps of little attention work off it: the
+/// fixture's steps never take it.
 #[test]
-fn only_large_attention_layers_take_the_wider_pool() {
+fn steps_of_little_attention_work_keep_to_the_process_pool() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let setup = Setup {
+        solo_threads: rayon::current_num_threads() + 1,
+        ..Setup::default()
+    };
+    let mut n = node_with(&dir, 2, MicroBatches::One, AttentionDevice::Cpu, setup);
+    assert!(n.solo_pool.is_some());
+    run(&mut n, &prompts(), 4, SamplingParams::greedy());
+    assert!(n.stats().steps > 0);
+    assert_eq!(n.stats().solo_layers, 0);
+}
+
+/// GPT-OSS-20B's attention (2880 wide, 64 query and 8 key-value heads of 64) takes the wider
+/// pool from one token on; a medium Mixtral's (768 wide, 12 and 4 heads of 64) only for steps
+/// of several tokens (16 decoding sequences, a prompt chunk), not for one decoding sequence.
+#[test]
+fn steps_take_the_wider_pool_by_their_attention_work() {
     let dir = fixture("gpt-oss-mxfp4");
     let mut config = ModelWeights::load(&dir).unwrap().config;
-    let mut weights = |hidden, heads, kv_heads| {
+    let mut work = |hidden, heads, kv_heads, tokens| {
         config.hidden_size = hidden;
         config.num_heads = heads;
         config.num_kv_heads = kv_heads;
         config.head_dim = 64;
-        crate::node::attention_weights(&config)
+        crate::node::attention_work(&config, tokens)
     };
-    assert_eq!(weights(2880, 64, 8), 2880 * 2 * (4096 + 512));
-    assert!(weights(2880, 64, 8) >= crate::node::SOLO_MIN_LAYER_WEIGHTS);
-    assert!(weights(768, 12, 4) < crate::node::SOLO_MIN_LAYER_WEIGHTS);
+    let min = crate::node::SOLO_MIN_LAYER_WORK;
+    assert_eq!(work(2880, 64, 8, 1), 2880 * 2 * (4096 + 512));
+    assert!(work(2880, 64, 8, 1) >= min);
+    assert!(work(768, 12, 4, 1) < min);
+    assert!(work(768, 12, 4, 16) >= min);
 }
 
 /// Under `auto` the node tries steps of both one and two micro-batches (each step size on its
