@@ -1,9 +1,11 @@
 //! The card executor's expert FFN on GPT-OSS-20B's expert shape (hidden 2880, intermediate
-//! 2880, weights made in memory), at 1 and 32 tokens, MXFP4 and bf16: weight bytes streamed per
-//! second against a memcpy of the same bytes measured in the same run, and GFLOP/s.
+//! 2880, weights made in memory), at 1 to 32 tokens, MXFP4 and bf16: weight bytes streamed per
+//! second against a memcpy of the same bytes measured in the same run, and GFLOP/s; then the
+//! reference forward's kernels (`model::forward::moe::gated_mlp`) on the same experts and token
+//! counts, on the rayon pool (set `RAYON_NUM_THREADS=1` to compare with one card thread).
 //!
 //! `cargo run --release -p corsair-ffn --example bench_expert [-- --seconds S] [--format mxfp4|bf16]
-//! [--tokens N] [--threads N]`
+//! [--tokens N] [--threads N] [--activations f32|bf16]`
 //!
 //! Calls cycle over several experts so the working set is larger than the last-level cache:
 //! every call streams one expert's weights from DRAM, as decoding does.
@@ -18,10 +20,14 @@ use corsair_ffn::format::TileFormat;
 use corsair_ffn::profile::HardwareProfile;
 use corsair_ffn::synthetic::{SplitMix, SyntheticLayer, SyntheticWeights, gpt_oss_config};
 use corsair_ffn::{Card, CardOptions};
+use model::kernels::ActivationDtype;
 use model::weights::{GatedMlp, WeightFormat};
 
 const HIDDEN: usize = 2880;
 const INTER: usize = 2880;
+/// Token counts timed: decode of one sequence, the few rows an expert gets in a decode batch,
+/// and a prompt chunk's worth.
+const TOKENS: [usize; 5] = [1, 2, 4, 8, 32];
 
 /// The stored bytes of one expert: every row of every matrix (and the MXFP4 scales).
 fn expert_bytes(mlp: &GatedMlp) -> Vec<&[u8]> {
@@ -79,6 +85,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let only_format = flag("--format").cloned();
     let only_tokens: Option<usize> = flag("--tokens").map(|v| v.parse()).transpose()?;
     let only_threads: Option<usize> = flag("--threads").map(|v| v.parse()).transpose()?;
+    // What the products round their inputs to, as `--activation-dtype` sets it for a
+    // deployment (bf16: AVX-512 BF16 dot products).
+    let activations = match flag("--activations").map(String::as_str) {
+        None | Some("f32") => ActivationDtype::F32,
+        Some("bf16") => ActivationDtype::Bf16,
+        Some(other) => return Err(format!("--activations is f32 or bf16, not {other}").into()),
+    };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "expert FFN: gate+up {}x{HIDDEN}, down {HIDDEN}x{INTER}; {threads} threads available; \
@@ -104,7 +117,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         let cfg = gpt_oss_config(1, experts, 1, HIDDEN, INTER, 64);
-        let weights = SyntheticWeights::random(&cfg, format, 1, &|_, _| true);
+        let mut weights = SyntheticWeights::random(&cfg, format, 1, &|_, _| true);
+        for layer in &mut weights.layers {
+            if let SyntheticLayer::Moe(mlps) = layer {
+                for l in mlps.iter_mut().flatten() {
+                    for lin in [&mut l.gate, &mut l.up, &mut l.down] {
+                        lin.weight.set_activations(activations);
+                    }
+                }
+            }
+        }
         let stored = StoredFormats {
             experts: TileFormat::from_stored(format),
             ..StoredFormats::uniform(TileFormat::Bf16)
@@ -118,6 +140,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )?;
         let options = CompileOptions {
             max_tokens: 32,
+            activations,
             ..CompileOptions::default()
         };
         let program = compile(
@@ -138,7 +161,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let sources: Vec<Vec<&[u8]>> = mlps.iter().map(|m| expert_bytes(m)).collect();
         let bytes: usize = sources[0].iter().map(|s| s.len()).sum();
         let mut dst = vec![0u8; bytes];
-        for tokens in [1usize, 32] {
+        for tokens in TOKENS {
             for t in [1, threads] {
                 if only_tokens.is_some_and(|n| n != tokens) || only_threads.is_some_and(|n| n != t)
                 {
@@ -203,11 +226,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
         }
-        if only_tokens.is_none_or(|n| n == 1) {
-            // The reference forward's kernels (model crate, rayon pool) on the same experts.
-            let mut rng = SplitMix::new(3, 1);
-            let x: Vec<f32> = (0..HIDDEN).map(|_| rng.symmetric()).collect();
-            let act = cfg.moe.map(|m| m.activation).ok_or("no MoE spec")?;
+        // The reference forward's kernels (model crate, rayon pool) on the same experts.
+        let act = cfg.moe.map(|m| m.activation).ok_or("no MoE spec")?;
+        for tokens in TOKENS {
+            if only_tokens.is_some_and(|n| n != tokens) {
+                continue;
+            }
+            let mut rng = SplitMix::new(3, tokens as u64);
+            let x: Vec<f32> = (0..tokens * HIDDEN).map(|_| rng.symmetric()).collect();
             let mut r = Vec::new();
             let start = Instant::now();
             while start.elapsed().as_secs_f64() < seconds / 2.0 || r.len() < 5 {
@@ -215,7 +241,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     (0..experts)
                         .map(|e| {
                             timed(|| {
-                                black_box(model::forward::moe::gated_mlp(mlps[e], act, &x, 1));
+                                black_box(model::forward::moe::gated_mlp(mlps[e], act, &x, tokens));
                             })
                         })
                         .sum::<f64>()
@@ -223,12 +249,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
             let per_call = median(r);
+            let flops = 2.0 * tokens as f64 * (3 * HIDDEN * INTER) as f64 / per_call / 1e9;
             println!(
-                "{name:<6} {:>6} {:>7} {:>9.3} {:>12.1}   (model crate's reference kernels)",
-                1,
-                "ref",
+                "{name:<6} {tokens:>6} {:>7} {:>9.3} {:>12.1} {:>44} {flops:>8.1}",
+                format!("ref {}", rayon::current_num_threads()),
                 per_call * 1e3,
-                bytes as f64 / per_call / 1e9
+                bytes as f64 / per_call / 1e9,
+                "(model crate's reference kernels)",
             );
         }
     }

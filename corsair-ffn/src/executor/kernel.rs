@@ -175,17 +175,40 @@ pub fn tile_partials(
     // Register blocks never straddle a row group: the grid's 8-row blocks start at multiples
     // of 8 and its smaller ones at multiples of 4.
     const _: () = assert!(ROW_GROUP == 8);
-    register_blocks(
-        tile.rows,
-        tokens,
-        &mut Partials {
-            tile,
-            x,
-            x_stride,
-            out,
-            kernel,
-        },
-    );
+    let mut job = Partials {
+        tile,
+        x,
+        x_stride,
+        out,
+        kernel,
+    };
+    if tokens == 2 && matches!(x, TileInput::Bf16(_)) {
+        pair_blocks(tile.rows, &mut job);
+    } else {
+        register_blocks(tile.rows, tokens, &mut job);
+    }
+}
+
+/// The register blocks of two bf16 tokens over a tile: whole row groups, 8 rows x 2 tokens,
+/// then what rows are left. The shared grid's 4-row blocks each read every other cache line of
+/// a group; reading whole lines makes GPT-OSS-20B's expert at 2 tokens some 10-30% faster
+/// (MXFP4 and bf16 weights, one thread). f32 inputs keep the shared grid: their decoded
+/// weights take two registers a row, and 8 rows x 2 tokens would spill. More tokens keep 4-row
+/// blocks too: 8 rows x 3 or 4 tokens would not fit the accumulators in registers.
+fn pair_blocks(rows: usize, job: &mut impl BlockJob) {
+    let mut r = 0;
+    while r + ROW_GROUP <= rows {
+        job.run::<8, 2>(r, 0);
+        r += ROW_GROUP;
+    }
+    if r + 4 <= rows {
+        job.run::<4, 2>(r, 0);
+        r += 4;
+    }
+    while r < rows {
+        job.run::<1, 2>(r, 0);
+        r += 1;
+    }
 }
 
 /// One tile's partials, register block by register block.
@@ -327,6 +350,61 @@ mod tests {
         }
     }
 
+    /// Two bf16 tokens take their own register blocks (whole row groups); each token's
+    /// partials are still the bits it gets alone, with bf16 and with f32 inputs.
+    #[test]
+    fn two_tokens_give_each_token_the_bits_it_gets_alone() {
+        for (stored, format) in [
+            (WeightFormat::Bf16, TileFormat::Bf16),
+            (WeightFormat::Mxfp4, TileFormat::Mxfp4),
+            (WeightFormat::F32, TileFormat::F32),
+        ] {
+            for (rows, cols) in [(21, 2080), (8, 64), (3, 32)] {
+                let mut rng = SplitMix::new(5, (rows * cols) as u64);
+                let m = random_matrix(rows, cols, stored, 1.0, &mut rng);
+                let bytes = tile_bytes(&m, format);
+                let view = TileView::new(format, rows, cols, &bytes);
+                let kp = crate::numerics::padded(cols);
+                let values: Vec<f32> = (0..2 * cols).map(|_| rng.symmetric()).collect();
+                let mut paired = vec![0f32; 2 * kp];
+                let mut rounded = vec![0u16; 2 * kp];
+                for t in 0..2 {
+                    let row = &values[t * cols..(t + 1) * cols];
+                    pair_order(row, &mut paired[t * kp..(t + 1) * kp]);
+                    for (d, &v) in rounded[t * kp..].iter_mut().zip(row) {
+                        *d = model::kernels::round_bf16(v);
+                    }
+                }
+                let bf16_ok = format != TileFormat::F32;
+                for input in [TileInput::Paired(&paired), TileInput::Bf16(&rounded)] {
+                    if matches!(input, TileInput::Bf16(_)) && !bf16_ok {
+                        continue;
+                    }
+                    let n = rows * view.segments();
+                    let mut both = vec![0f32; 2 * n];
+                    tile_partials(&view, input, kp, 2, &mut both, KernelChoice::Auto);
+                    for t in 0..2 {
+                        let mut alone = vec![0f32; n];
+                        tile_partials(
+                            &view,
+                            input.skip(t * kp),
+                            kp,
+                            1,
+                            &mut alone,
+                            KernelChoice::Auto,
+                        );
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&both[t * n..(t + 1) * n]),
+                            bits(&alone),
+                            "{format}: {rows}x{cols}, token {t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn both_paths_agree_on_random_tiles_and_token_counts() {
         for (stored, format) in [
@@ -336,7 +414,14 @@ mod tests {
             (WeightFormat::F32, TileFormat::F32),
             (WeightFormat::F16, TileFormat::F16),
         ] {
-            for (rows, cols, tokens) in [(1, 32, 1), (13, 1120, 5), (8, 544, 1), (21, 2080, 9)] {
+            for (rows, cols, tokens) in [
+                (1, 32, 1),
+                (13, 1120, 5),
+                (8, 544, 1),
+                (21, 2080, 9),
+                (21, 2080, 2),
+                (6, 96, 2),
+            ] {
                 let mut rng = SplitMix::new(7, (rows * cols + tokens) as u64);
                 let m = random_matrix(rows, cols, stored, 1.0, &mut rng);
                 let bytes = tile_bytes(&m, format);

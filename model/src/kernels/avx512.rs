@@ -230,6 +230,14 @@ pub(super) fn prefetch<const F: u8, const R: usize>(
         fetch(data.wrapping_add(ahead + line));
         line += 64;
     }
+    // The rest of block `b`'s run: where rows lie side by side (the card's groups of 8) a
+    // register block of fewer rows still fetches every row's block, so the next register
+    // block over the group finds its half in cache instead of reading every other line from
+    // memory again (GPT-OSS-20B's bf16 expert at 4 tokens: about 15% faster).
+    while line < steps.0 {
+        fetch(data.wrapping_add(ahead + line));
+        line += 64;
+    }
     if w.format.has_scales() && b.is_multiple_of(8) {
         fetch(scales.wrapping_add(b * steps.1 + w.prefetch / 16));
     }
