@@ -241,7 +241,9 @@ impl BlockJob for Partials<'_, '_> {
                 block: scale_stride,
             },
         )
-        .with_prefetch(PREFETCH_BYTES);
+        // Only the first pass over these rows streams them from memory; the passes of later
+        // tokens find them in cache, where prefetching only costs instructions.
+        .with_prefetch(if t0 == 0 { PREFETCH_BYTES } else { 0 });
         let reduction = Reduction {
             segment: BLOCKS_PER_SEGMENT,
             ..Reduction::whole(0..nb)
