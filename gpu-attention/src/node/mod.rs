@@ -336,7 +336,8 @@ impl DisaggregatedNode {
 /// pool. Below this the hand-over, twice a layer, costs more than the second core saves:
 /// measured on 2 cores, GPT-OSS-20B at one token (26.5 M weights a layer) went from 129 to 116
 /// ms a step, a medium Mixtral at one token (1.6 M) from 8.2-8.4 to 8.6 ms, and the same
-/// Mixtral at 16 tokens spent 3.7 instead of 5.0-5.3 ms a step in attention.
+/// Mixtral at 16 tokens spent 3.7, 3.7 and 5.0 ms a step in attention (three runs) instead of
+/// 5.0-5.3.
 const SOLO_MIN_LAYER_WORK: usize = 4 << 20;
 
 /// Weights of one layer's q, k, v and o projections.

@@ -210,7 +210,7 @@ fn span_rows<'s, 'o>(
     let mut jobs = Vec::with_capacity(spans.len());
     for span in order {
         let end = span.start + span.len;
-        if span.start < at || end * width > at * width + rest.len() {
+        if span.start < at || end > at + rest.len() / width.max(1) {
             return Err(Error::InvalidInput(format!(
                 "sequence {} claims rows {}..{end}, which overlap another sequence's or lie \
                  past the batch",

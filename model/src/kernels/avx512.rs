@@ -233,7 +233,8 @@ pub(super) fn prefetch<const F: u8, const R: usize>(
     // The rest of block `b`'s run: where rows lie side by side (the card's groups of 8) a
     // register block of fewer rows still fetches every row's block, so the next register
     // block over the group finds its half in cache instead of reading every other line from
-    // memory again (GPT-OSS-20B's bf16 expert at 4 tokens: about 15% faster).
+    // memory again (GPT-OSS-20B's bf16 expert at 4 bf16 tokens, one thread: 2.97 against
+    // 3.75 ms a call in bench_expert).
     while line < steps.0 {
         fetch(data.wrapping_add(ahead + line));
         line += 64;
