@@ -1,5 +1,6 @@
 //! The hot kernel alone: one 32-row tile of GPT-OSS-20B's expert width (2880), MXFP4 and bf16,
-//! at 1 and 32 tokens, AVX-512 and portable paths (throughput in weight bytes).
+//! at 1, 4 and 32 tokens (decode, an expert's share of a decode batch, a prompt chunk), AVX-512
+//! and portable paths (throughput in weight bytes).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
@@ -29,7 +30,7 @@ fn kernel(c: &mut Criterion) {
         pack_rows(format, ROWS, COLS, encode, &mut bytes);
         let view = TileView::new(format, ROWS, COLS, &bytes);
         let kp = padded(COLS);
-        for tokens in [1usize, 32] {
+        for tokens in [1usize, 4, 32] {
             let mut x = vec![0f32; tokens * kp];
             let mut xb = vec![0u16; tokens * kp];
             for t in 0..tokens {

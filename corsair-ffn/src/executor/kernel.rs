@@ -182,33 +182,55 @@ pub fn tile_partials(
         out,
         kernel,
     };
-    if tokens == 2 && matches!(x, TileInput::Bf16(_)) {
-        pair_blocks(tile.rows, &mut job);
+    let pairs = match x {
+        TileInput::Bf16(_) => tokens == 2 || (tokens > 2 && tile.format == TileFormat::Bf16),
+        TileInput::Paired(_) => false,
+    };
+    if pairs {
+        pair_blocks(tile.rows, tokens, &mut job);
     } else {
         register_blocks(tile.rows, tokens, &mut job);
     }
 }
 
-/// The register blocks of two bf16 tokens over a tile: whole row groups, 8 rows x 2 tokens,
-/// then what rows are left. The shared grid's 4-row blocks each read every other cache line of
-/// a group; reading whole lines takes GPT-OSS-20B's expert at 2 tokens, one thread, from 1.43
+/// The register blocks of bf16 tokens over a tile, two at a time: each whole row group (8 rows)
+/// takes its tokens pair by pair, then the rows left over do the same; later pairs over a group
+/// find its weights in cache. The shared grid's 4-row blocks each read every other cache line
+/// of a group. Reading whole lines took GPT-OSS-20B's expert at 2 tokens, one thread, from 1.43
 /// to 0.91 ms a call with MXFP4 weights and from 2.95 to 2.07 with bf16 (bench_expert, together
-/// with the whole-run prefetch). f32 inputs keep the shared grid: their decoded
-/// weights take two registers a row, and 8 rows x 2 tokens would spill. More tokens keep 4-row
-/// blocks too: 8 rows x 3 or 4 tokens would not fit the accumulators in registers.
-fn pair_blocks(rows: usize, job: &mut impl BlockJob) {
+/// with the whole-run prefetch). On a bf16 tile in cache (64 rows, one thread, best of 2,000
+/// calls), 4 tokens took 1.7 instead of 2.8 us at 768 columns and 4.4 instead of 7.2 at 2,048;
+/// 32 tokens 12.3 instead of 14.0 and 30.4 instead of 36.3.
+///
+/// MXFP4 tiles take pairs at 2 tokens only: each pass decodes the weights again, which from 3
+/// tokens on cost more than the 4 x 4 blocks lose. f32 inputs keep the shared grid: their
+/// decoded weights take two registers a row, and 8 rows x 2 tokens would spill. 8 rows x 3 or
+/// 4 tokens would not fit the accumulators in registers.
+fn pair_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
     let mut r = 0;
     while r + ROW_GROUP <= rows {
-        job.run::<8, 2>(r, 0);
+        token_pairs::<8>(r, tokens, job);
         r += ROW_GROUP;
     }
     if r + 4 <= rows {
-        job.run::<4, 2>(r, 0);
+        token_pairs::<4>(r, tokens, job);
         r += 4;
     }
     while r < rows {
-        job.run::<1, 2>(r, 0);
+        token_pairs::<1>(r, tokens, job);
         r += 1;
+    }
+}
+
+/// Rows `r..r + R` against every token, two at a time (the last one alone when odd).
+fn token_pairs<const R: usize>(r: usize, tokens: usize, job: &mut impl BlockJob) {
+    let mut t = 0;
+    while t + 2 <= tokens {
+        job.run::<R, 2>(r, t);
+        t += 2;
+    }
+    if t < tokens {
+        job.run::<R, 1>(r, t);
     }
 }
 
@@ -353,57 +375,62 @@ mod tests {
         }
     }
 
-    /// Two bf16 tokens take their own register blocks (whole row groups); each token's
-    /// partials are still the bits it gets alone, with bf16 and with f32 inputs.
+    /// Tokens taken together, in pairs of whole row groups or in the shared grid, give each
+    /// token the partials it gets alone, to the bit, with bf16 and with f32 inputs.
     #[test]
-    fn two_tokens_give_each_token_the_bits_it_gets_alone() {
+    fn tokens_together_give_each_token_the_bits_it_gets_alone() {
+        // 2 to 5 tokens: the pairs of 8 x 2 blocks (bf16 inputs; all counts on bf16 tiles, 2 on
+        // MXFP4), an odd token left alone, and the shared grid for the rest.
         for (stored, format) in [
             (WeightFormat::Bf16, TileFormat::Bf16),
             (WeightFormat::Mxfp4, TileFormat::Mxfp4),
             (WeightFormat::F32, TileFormat::F32),
         ] {
             for (rows, cols) in [(21, 2080), (8, 64), (3, 32)] {
-                let mut rng = SplitMix::new(5, (rows * cols) as u64);
-                let m = random_matrix(rows, cols, stored, 1.0, &mut rng);
-                let bytes = tile_bytes(&m, format);
-                let view = TileView::new(format, rows, cols, &bytes);
-                let kp = crate::numerics::padded(cols);
-                let values: Vec<f32> = (0..2 * cols).map(|_| rng.symmetric()).collect();
-                let mut paired = vec![0f32; 2 * kp];
-                let mut rounded = vec![0u16; 2 * kp];
-                for t in 0..2 {
-                    let row = &values[t * cols..(t + 1) * cols];
-                    pair_order(row, &mut paired[t * kp..(t + 1) * kp]);
-                    for (d, &v) in rounded[t * kp..].iter_mut().zip(row) {
-                        *d = model::kernels::round_bf16(v);
+                for tokens in 2..=5 {
+                    let mut rng = SplitMix::new(5, (rows * cols * tokens) as u64);
+                    let m = random_matrix(rows, cols, stored, 1.0, &mut rng);
+                    let bytes = tile_bytes(&m, format);
+                    let view = TileView::new(format, rows, cols, &bytes);
+                    let kp = crate::numerics::padded(cols);
+                    let values: Vec<f32> = (0..tokens * cols).map(|_| rng.symmetric()).collect();
+                    let mut paired = vec![0f32; tokens * kp];
+                    let mut rounded = vec![0u16; tokens * kp];
+                    for t in 0..tokens {
+                        let row = &values[t * cols..(t + 1) * cols];
+                        pair_order(row, &mut paired[t * kp..(t + 1) * kp]);
+                        for (d, &v) in rounded[t * kp..].iter_mut().zip(row) {
+                            *d = model::kernels::round_bf16(v);
+                        }
                     }
-                }
-                // bf16 inputs meet bf16 and MXFP4 tiles only.
-                let inputs = if format == TileFormat::F32 {
-                    vec![TileInput::Paired(&paired)]
-                } else {
-                    vec![TileInput::Paired(&paired), TileInput::Bf16(&rounded)]
-                };
-                for input in inputs {
-                    let n = rows * view.segments();
-                    let mut both = vec![0f32; 2 * n];
-                    tile_partials(&view, input, kp, 2, &mut both, KernelChoice::Auto);
-                    for t in 0..2 {
-                        let mut alone = vec![0f32; n];
-                        tile_partials(
-                            &view,
-                            input.skip(t * kp),
-                            kp,
-                            1,
-                            &mut alone,
-                            KernelChoice::Auto,
-                        );
-                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(
-                            bits(&both[t * n..(t + 1) * n]),
-                            bits(&alone),
-                            "{format}: {rows}x{cols}, token {t}"
-                        );
+                    // bf16 inputs meet bf16 and MXFP4 tiles only.
+                    let inputs = if format == TileFormat::F32 {
+                        vec![TileInput::Paired(&paired)]
+                    } else {
+                        vec![TileInput::Paired(&paired), TileInput::Bf16(&rounded)]
+                    };
+                    for input in inputs {
+                        let n = rows * view.segments();
+                        let mut together = vec![0f32; tokens * n];
+                        tile_partials(&view, input, kp, tokens, &mut together, KernelChoice::Auto);
+                        for t in 0..tokens {
+                            let mut alone = vec![0f32; n];
+                            tile_partials(
+                                &view,
+                                input.skip(t * kp),
+                                kp,
+                                1,
+                                &mut alone,
+                                KernelChoice::Auto,
+                            );
+                            let bits =
+                                |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(&together[t * n..(t + 1) * n]),
+                                bits(&alone),
+                                "{format}: {rows}x{cols}, token {t} of {tokens}"
+                            );
+                        }
                     }
                 }
             }
