@@ -3,7 +3,7 @@
 //! permute of the block's 16 scaled FP4 values; each block then takes one `vdpbf16ps` per row
 //! and input, which adds element `2l + 1`'s product and then element `2l`'s into lane `l`.
 
-use super::avx512::{BF16, MXFP4, fold, prefetch};
+use super::avx512::{BF16, MXFP4, fold_all, prefetch};
 use super::{BLOCK, BlockFormat, BlockRows, Reduction, Sink};
 use std::arch::x86_64::*;
 
@@ -147,12 +147,6 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
                 }
             }
         }
-        let mut out = [[0f32; T]; R];
-        for r in 0..R {
-            for t in 0..T {
-                out[r][t] = fold(acc[r][t]);
-            }
-        }
-        emit.segment(s, &out);
+        emit.segment(s, &fold_all(&acc));
     }
 }
