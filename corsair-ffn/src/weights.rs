@@ -186,10 +186,9 @@ pub struct AlignedBytes {
 impl AlignedBytes {
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> Self {
-        AlignedBytes {
-            words: vec![[0u64; 8]; len.div_ceil(64)],
-            len,
-        }
+        let words = vec![[0u64; 8]; len.div_ceil(64)];
+        huge_pages(&words);
+        AlignedBytes { words, len }
     }
 
     /// The bytes.
@@ -212,6 +211,33 @@ impl AlignedBytes {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// Asks the kernel to back `words` with transparent huge pages where it allows them only on
+/// request (`madvise` mode): the kernels stream weights sequentially, and with 4 KB pages
+/// every 4 KB of weights costs a TLB miss, which the hardware prefetcher will not cross.
+/// Only whole 2 MB pages inside the buffer are asked for, before they are first written.
+fn huge_pages(words: &[[u64; 8]]) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = words.as_ptr() as usize;
+        let end = start + std::mem::size_of_val(words);
+        let (first, last) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
+        if last > first {
+            // SAFETY: the range lies inside `words`' allocation; MADV_HUGEPAGE only changes
+            // how the kernel backs the pages, never their contents. A refusal costs nothing.
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_HUGEPAGE,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = words;
 }
 
 /// The card's memories holding every resident region (tiles, biases).
