@@ -307,12 +307,17 @@ fn afd_up_starts_a_card_that_died_again_and_the_deployment_serves_on() {
         "{log}"
     );
     assert!(log.contains("SIGKILL"), "{log}");
-    // The attention node takes the card back by itself; nothing else was restarted.
+    // The attention node takes the card back by itself; nothing else was restarted. The
+    // supervisor's "healthy again" only says the card process answers: wait until the node
+    // has seen the card go and come back with its shard loaded (a request before that is
+    // answered 503, "rejoining", and /health can still show the node's view from before the
+    // card died).
     let deadline = Instant::now() + Duration::from_secs(60);
-    while http(&address, "GET", "/health", None).0 != 200 {
-        assert!(Instant::now() < deadline, "not healthy again:\n{log}");
+    while !card_rejoined(&http(&address, "GET", "/metrics", None).1, 1) {
+        assert!(Instant::now() < deadline, "card 1 did not rejoin:\n{log}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert_eq!(http(&address, "GET", "/health", None).0, 200, "{log}");
     let (status, models) = http(&address, "GET", "/v1/models", None);
     assert_eq!(status, 200, "{models}");
     let model_id = serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"].clone();
@@ -323,6 +328,19 @@ fn afd_up_starts_a_card_that_died_again_and_the_deployment_serves_on() {
     for (name, pid) in &others {
         assert!(alive(*pid), "{name} (pid {pid}) was restarted or died");
     }
+}
+
+/// Whether the metrics say attention node 0 has card `card` up again after a rejoin.
+fn card_rejoined(metrics: &str, card: usize) -> bool {
+    let label = format!("card=\"{card}\"");
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains(&label) && l.contains("node=\"0\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    value("afd_card_rejoins_total{").is_some_and(|n| n >= 1.0) && value("afd_card_up{") == Some(1.0)
 }
 
 #[test]
