@@ -14,10 +14,11 @@ use rayon::prelude::*;
 
 use super::attend::{RowAttention, SpanQueries};
 pub use super::kv_cache::{ContiguousKvCache, KvCache, KvRun, SeqId};
-use super::ops::{rms_norm, to_f32_vec, vector};
+use super::ops::{rms_norm, to_f32_vec, vector, with_f32_slice};
 use super::rope::RopeTables;
 use crate::config::{AttentionKind, ModelConfig};
 use crate::error::{Error, Result};
+use crate::kernels;
 use crate::weights::{LayerWeights, Linear};
 
 /// Where one sequence's new tokens sit in a flattened batch.
@@ -93,9 +94,10 @@ impl AttentionBlock {
     ) -> Result<Tensor> {
         let (n, _) = h.dims2()?;
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let mut q = self.q.forward(h)?.reshape((n, nh, d))?;
-        let mut k = self.k.forward(h)?.reshape((n, nkv, d))?;
-        let v = self.v.forward(h)?.reshape((n, nkv, d))?;
+        let (q, k, v) = self.projections(h)?;
+        let mut q = q.reshape((n, nh, d))?;
+        let mut k = k.reshape((n, nkv, d))?;
+        let v = v.reshape((n, nkv, d))?;
         if let Some(w) = &self.q_norm {
             q = rms_norm(&q, w, self.eps)?;
         }
@@ -194,6 +196,32 @@ impl AttentionBlock {
         }
         let o = Tensor::from_vec(out, (n, q_w), h.device())?.to_dtype(h.dtype())?;
         self.o.forward(&o)
+    }
+}
+
+impl AttentionBlock {
+    /// The query, key and value projections of `h` (`[tokens, hidden]`). One token's three
+    /// products run in one parallel section ([`kernels::matvecs`], the same bits).
+    fn projections(&self, h: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let (n, cols) = h.dims2()?;
+        let linears = [&self.q, &self.k, &self.v];
+        if n != 1 || linears.iter().any(|l| l.weight.cols() != cols) {
+            return Ok((self.q.forward(h)?, self.k.forward(h)?, self.v.forward(h)?));
+        }
+        let mut outs = linears.map(|l| vec![0f32; l.weight.rows()]);
+        with_f32_slice(h, |x| {
+            let jobs = linears
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|(l, o)| l.matvec(x, o))
+                .collect();
+            kernels::matvecs(jobs);
+        })?;
+        let [q, k, v] = outs.map(|o| {
+            let len = o.len();
+            Tensor::from_vec(o, (1, len), h.device())
+        });
+        Ok((q?, k?, v?))
     }
 }
 

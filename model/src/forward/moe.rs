@@ -6,6 +6,7 @@
 
 use crate::config::{Activation, MoeSpec, RouterKind};
 use crate::error::Result;
+use crate::kernels;
 use crate::weights::{GatedMlp, Linear, MoeWeights};
 
 /// The experts chosen for each token and their weights, `top_k` per token, best first.
@@ -117,6 +118,9 @@ pub fn activate(act: Activation, gate: f32, up: f32) -> f32 {
 
 /// One gated MLP over `tokens` rows of `x` (`[tokens, hidden]`), giving `[tokens, hidden]`.
 pub fn gated_mlp(mlp: &GatedMlp, act: Activation, x: &[f32], tokens: usize) -> Vec<f32> {
+    if tokens == 1 {
+        return gated_mlps(&[mlp], act, x).swap_remove(0);
+    }
     let gate = mlp.gate.forward_rows(x, tokens);
     let up = mlp.up.forward_rows(x, tokens);
     let a: Vec<f32> = gate
@@ -125,6 +129,43 @@ pub fn gated_mlp(mlp: &GatedMlp, act: Activation, x: &[f32], tokens: usize) -> V
         .map(|(&g, &u)| activate(act, g, u))
         .collect();
     mlp.down.forward_rows(&a, tokens)
+}
+
+/// [`gated_mlp`] of every MLP in `mlps` on the same one token `x`, each with its bits: the
+/// gate and up products of all of them in one parallel section, then the down products in
+/// another (see [`kernels::matvecs`]).
+pub fn gated_mlps(mlps: &[&GatedMlp], act: Activation, x: &[f32]) -> Vec<Vec<f32>> {
+    let inter: Vec<usize> = mlps.iter().map(|m| m.gate.weight.rows()).collect();
+    let mut gates: Vec<Vec<f32>> = inter.iter().map(|&n| vec![0f32; n]).collect();
+    let mut ups: Vec<Vec<f32>> = inter.iter().map(|&n| vec![0f32; n]).collect();
+    let mut jobs = Vec::with_capacity(2 * mlps.len());
+    for ((m, g), u) in mlps.iter().zip(&mut gates).zip(&mut ups) {
+        jobs.push(m.gate.matvec(x, g));
+        jobs.push(m.up.matvec(x, u));
+    }
+    kernels::matvecs(jobs);
+    let acts: Vec<Vec<f32>> = gates
+        .iter()
+        .zip(&ups)
+        .map(|(g, u)| {
+            g.iter()
+                .zip(u)
+                .map(|(&g, &u)| activate(act, g, u))
+                .collect()
+        })
+        .collect();
+    let mut outs: Vec<Vec<f32>> = mlps
+        .iter()
+        .map(|m| vec![0f32; m.down.weight.rows()])
+        .collect();
+    let jobs = mlps
+        .iter()
+        .zip(&acts)
+        .zip(&mut outs)
+        .map(|((m, a), o)| m.down.matvec(a, o))
+        .collect();
+    kernels::matvecs(jobs);
+    outs
 }
 
 /// The whole MoE layer for `tokens` rows of normed hidden states `h`, as the reference
@@ -138,6 +179,23 @@ pub fn moe_forward(
 ) -> Result<Vec<f32>> {
     let routing = route(&moe.router, spec, h, tokens);
     let k = spec.top_k;
+    if tokens == 1 {
+        // Decode of one sequence: its experts' products side by side, then the same weighted
+        // sum in top-k order as below.
+        let experts = routing
+            .experts
+            .iter()
+            .map(|&e| moe.expert(e as usize))
+            .collect::<Result<Vec<_>>>()?;
+        let ys = gated_mlps(&experts, spec.activation, &h[..hidden]);
+        let mut out = vec![0f32; hidden];
+        for (y, &w) in ys.iter().zip(&routing.weights) {
+            for (d, s) in out.iter_mut().zip(y) {
+                *d += s * w;
+            }
+        }
+        return Ok(out);
+    }
     // Per (token, slot) weighted expert output, then a fixed-order sum per token.
     let mut slots = vec![0f32; tokens * k * hidden];
     let mut rows_of_expert: Vec<Vec<usize>> = vec![Vec::new(); spec.num_experts];

@@ -56,6 +56,17 @@ impl Linear {
         Ok(Tensor::from_vec(out, (tokens, rows), x.device())?)
     }
 
+    /// The one-token product `x W^T + b` into `out`, for [`kernels::matvecs`] to run with
+    /// others.
+    pub fn matvec<'a>(&'a self, x: &'a [f32], out: &'a mut [f32]) -> kernels::MatVec<'a> {
+        kernels::MatVec {
+            x,
+            w: &self.weight,
+            bias: self.bias.as_deref(),
+            out,
+        }
+    }
+
     /// Same as [`Self::forward`] on a plain row-major slice.
     pub fn forward_rows(&self, x: &[f32], tokens: usize) -> Vec<f32> {
         let mut out = vec![0f32; tokens * self.weight.rows()];

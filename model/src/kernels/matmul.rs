@@ -138,31 +138,19 @@ pub fn matmul_with(
     // With one thread in the pool, handing the tasks to it would only make this thread sleep
     // while that one runs them (a wake-up each way, per product).
     let serial = tasks == 1 || rayon::current_num_threads() == 1;
-    // The bias (or `+0.0`, which turns a `-0.0` sum into `+0.0` as the definition does) added
-    // to outputs `n0..` already in `dst`.
-    let add_bias = |n0: usize, dst: &mut [f32]| match bias {
-        Some(b) => dst.iter_mut().zip(&b[n0..]).for_each(|(d, b)| *d += b),
-        None => dst.iter_mut().for_each(|d| *d += 0.0),
-    };
     if tokens == 1 {
         // One token: each task's rows are one run of the output, written in place (no tile
         // buffers to allocate and gather, which at batch 1 cost as much as a small product).
         let run = |(task, dst): (usize, &mut [f32])| {
-            let n0 = task * ROWS_PER_TASK;
-            register_blocks(
-                dst.len(),
-                1,
-                &mut Tile {
-                    x,
-                    x_bf16: rounded.as_deref(),
-                    tokens,
-                    w,
-                    n0,
-                    tile: &mut *dst,
-                    kernel,
-                },
-            );
-            add_bias(n0, dst);
+            one_token_rows(
+                x,
+                rounded.as_deref(),
+                w,
+                bias,
+                task * ROWS_PER_TASK,
+                dst,
+                kernel,
+            )
         };
         if serial {
             out.chunks_mut(ROWS_PER_TASK).enumerate().for_each(run);
@@ -200,7 +188,94 @@ pub fn matmul_with(
         for (t, run) in buf.chunks_exact(count).enumerate() {
             let dst = &mut out[t * rows + n0..t * rows + n0 + count];
             dst.copy_from_slice(run);
-            add_bias(n0, dst);
+            add_bias(bias, n0, dst);
         }
+    }
+}
+
+/// Adds the bias (or `+0.0`, which turns a `-0.0` sum into `+0.0` as the definition does) to
+/// outputs `n0..` already in `dst`.
+fn add_bias(bias: Option<&[f32]>, n0: usize, dst: &mut [f32]) {
+    match bias {
+        Some(b) => dst.iter_mut().zip(&b[n0..]).for_each(|(d, b)| *d += b),
+        None => dst.iter_mut().for_each(|d| *d += 0.0),
+    }
+}
+
+/// Outputs `n0..n0 + dst.len()` of one token's product, written in place.
+fn one_token_rows(
+    x: &[f32],
+    x_bf16: Option<&[u16]>,
+    w: &WeightMatrix,
+    bias: Option<&[f32]>,
+    n0: usize,
+    dst: &mut [f32],
+    kernel: KernelChoice,
+) {
+    register_blocks(
+        dst.len(),
+        1,
+        &mut Tile {
+            x,
+            x_bf16,
+            tokens: 1,
+            w,
+            n0,
+            tile: &mut *dst,
+            kernel,
+        },
+    );
+    add_bias(bias, n0, dst);
+}
+
+/// One product of a batch that [`matvecs`] runs together.
+#[derive(Debug)]
+pub struct MatVec<'a> {
+    /// The input row (`w.cols()` values).
+    pub x: &'a [f32],
+    /// The weights.
+    pub w: &'a WeightMatrix,
+    /// Bias (`w.rows()` values), if any.
+    pub bias: Option<&'a [f32]>,
+    /// Where the `w.rows()` outputs go.
+    pub out: &'a mut [f32],
+}
+
+/// Several one-token products in one parallel section, each the bits [`matmul`] gives it.
+/// At batch 1 a layer's products are small (a key projection of medium Mixtral streams in
+/// about 13 us), and one hand-over to the pool and one join for all of them replaces one of
+/// each per product.
+pub fn matvecs(jobs: Vec<MatVec<'_>>) {
+    let mut inputs = Vec::with_capacity(jobs.len());
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    for (i, job) in jobs.into_iter().enumerate() {
+        let (rows, cols) = (job.w.rows(), job.w.cols());
+        assert_eq!(job.x.len(), cols, "matvec input size");
+        assert_eq!(job.out.len(), rows, "matvec output size");
+        if let Some(b) = job.bias {
+            assert_eq!(b.len(), rows, "matvec bias size");
+        }
+        let rounded = job
+            .w
+            .activations()
+            .rounds(BlockFormat::of(job.w.format()), cols)
+            .then(|| {
+                let mut xb = Vec::new();
+                round_rows(job.x, &mut xb);
+                xb
+            });
+        inputs.push((job.x, rounded, job.w, job.bias));
+        for (c, dst) in job.out.chunks_mut(ROWS_PER_TASK).enumerate() {
+            tasks.push((i, c * ROWS_PER_TASK, dst));
+        }
+    }
+    let run = |(i, n0, dst): (usize, usize, &mut [f32])| {
+        let (x, rounded, w, bias) = &inputs[i];
+        one_token_rows(x, rounded.as_deref(), w, *bias, n0, dst, KernelChoice::Auto);
+    };
+    if tasks.len() <= 1 || rayon::current_num_threads() == 1 {
+        tasks.into_iter().for_each(run);
+    } else {
+        tasks.into_par_iter().for_each(run);
     }
 }

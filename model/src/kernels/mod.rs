@@ -42,7 +42,7 @@ pub use bf16::{
     round_rows,
 };
 pub use block::{BlockFormat, BlockRows, Lanes, Strides, decode_block, decode_value};
-pub use matmul::{matmul, matmul_with};
+pub use matmul::{MatVec, matmul, matmul_with, matvecs};
 
 /// Lanes of the fixed-order sums (one AVX-512 register of f32).
 pub const LANES: usize = 16;
