@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 use super::KvRow;
 
 /// Keys per block of dot products: one register of scores.
-const KEYS: usize = 8;
+pub(super) const KEYS: usize = 8;
 /// 8-float chunks of a head held in registers by the weighted sum.
 const CHUNKS: usize = 4;
 
@@ -41,21 +41,28 @@ pub(super) unsafe fn scaled_dots(
                 }
             }
         }
-        // Lane sums of eight keys at once: ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)).
-        let h01 = _mm256_hadd_ps(acc[0], acc[1]);
-        let h23 = _mm256_hadd_ps(acc[2], acc[3]);
-        let h45 = _mm256_hadd_ps(acc[4], acc[5]);
-        let h67 = _mm256_hadd_ps(acc[6], acc[7]);
-        let h0123 = _mm256_hadd_ps(h01, h23);
-        let h4567 = _mm256_hadd_ps(h45, h67);
-        let low = _mm256_permute2f128_ps::<0x20>(h0123, h4567);
-        let high = _mm256_permute2f128_ps::<0x31>(h0123, h4567);
-        let s = _mm256_mul_ps(_mm256_add_ps(low, high), scale);
+        let s = key_sums(&acc, scale);
         let mut lanes = [0f32; KEYS];
         // SAFETY: `lanes` holds 8 floats.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
         out.copy_from_slice(&lanes[..out.len()]);
     }
+}
+
+/// The scaled dot products of eight keys from their accumulators, all lane sums at once:
+/// ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) for each, times `scale`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn key_sums(acc: &[__m256; KEYS], scale: __m256) -> __m256 {
+    let h01 = _mm256_hadd_ps(acc[0], acc[1]);
+    let h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    let h45 = _mm256_hadd_ps(acc[4], acc[5]);
+    let h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    let h0123 = _mm256_hadd_ps(h01, h23);
+    let h4567 = _mm256_hadd_ps(h45, h67);
+    let low = _mm256_permute2f128_ps::<0x20>(h0123, h4567);
+    let high = _mm256_permute2f128_ps::<0x31>(h0123, h4567);
+    _mm256_mul_ps(_mm256_add_ps(low, high), scale)
 }
 
 /// [`super::exp_nonpositive`] of eight values.

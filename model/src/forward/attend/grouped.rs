@@ -10,8 +10,7 @@ use super::KvRow;
 
 /// Most query heads taken together.
 pub(super) const GROUP: usize = 3;
-/// Keys per block of dot products: one register of scores per head.
-const KEYS: usize = 8;
+use super::avx2::KEYS;
 /// 8-float chunks of a head held in registers by the weighted sum, per head.
 const CHUNKS: usize = 4;
 
@@ -62,16 +61,7 @@ pub(super) unsafe fn scaled_dots<const G: usize>(
             }
         }
         for (a, scores) in acc.iter().zip(scores.iter_mut()) {
-            // Lane sums of eight keys at once: ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)).
-            let h01 = _mm256_hadd_ps(a[0], a[1]);
-            let h23 = _mm256_hadd_ps(a[2], a[3]);
-            let h45 = _mm256_hadd_ps(a[4], a[5]);
-            let h67 = _mm256_hadd_ps(a[6], a[7]);
-            let h0123 = _mm256_hadd_ps(h01, h23);
-            let h4567 = _mm256_hadd_ps(h45, h67);
-            let low = _mm256_permute2f128_ps::<0x20>(h0123, h4567);
-            let high = _mm256_permute2f128_ps::<0x31>(h0123, h4567);
-            let s = _mm256_mul_ps(_mm256_add_ps(low, high), scale);
+            let s = super::avx2::key_sums(a, scale);
             let mut lanes = [0f32; KEYS];
             // SAFETY: `lanes` holds 8 floats.
             unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
