@@ -230,3 +230,40 @@ fn matmul_with_bf16_activations_is_the_definition_per_row_and_batch_invariant() 
         assert_ne!(out, outs[0]);
     }
 }
+
+/// Products run together by `matvecs` (two on one input, one on another, rounded and exact
+/// matrices mixed) each give the bits `matmul` gives them alone: an input rounded once for
+/// several products is the input each of them rounds.
+#[test]
+fn matvecs_on_shared_and_separate_inputs_give_each_product_its_matmul() {
+    let (rows, cols) = (37, 96);
+    let rounded = [
+        super::tests::bf16_matrix(rows, cols, 21).0,
+        super::tests::mxfp4_matrix(rows, cols, 22),
+    ]
+    .map(|m| m.with_activations(ActivationDtype::Bf16));
+    let exact = super::tests::bf16_matrix(rows, cols, 23).0;
+    let (a, b) = (values(31, cols), values(32, cols));
+    let bias = values(33, rows);
+    // (input, matrix, bias) of each product; the exact one shares input `a` too.
+    type Product<'a> = (&'a [f32], &'a WeightMatrix, Option<&'a [f32]>);
+    let products: [Product<'_>; 4] = [
+        (&a, &rounded[0], Some(&bias)),
+        (&a, &rounded[1], None),
+        (&b, &rounded[0], None),
+        (&a, &exact, Some(&bias)),
+    ];
+    let mut together = vec![vec![0f32; rows]; products.len()];
+    let jobs = products
+        .iter()
+        .zip(together.iter_mut())
+        .map(|(&(x, w, bias), out)| MatVec { x, w, bias, out })
+        .collect();
+    matvecs(jobs);
+    for (i, &(x, w, bias)) in products.iter().enumerate() {
+        let mut alone = vec![0f32; rows];
+        matmul(x, 1, w, bias, &mut alone);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&together[i]), bits(&alone), "product {i}");
+    }
+}

@@ -126,14 +126,7 @@ pub fn matmul_with(
     if tokens == 0 || rows == 0 {
         return;
     }
-    let rounded = w
-        .activations()
-        .rounds(BlockFormat::of(w.format()), cols)
-        .then(|| {
-            let mut xb = Vec::new();
-            round_rows(x, &mut xb);
-            xb
-        });
+    let rounded = rounds_inputs(w).then(|| rounded(x));
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     // With one thread in the pool, handing the tasks to it would only make this thread sleep
     // while that one runs them (a wake-up each way, per product).
@@ -193,6 +186,19 @@ pub fn matmul_with(
     }
 }
 
+/// Whether products with `w` take their inputs rounded to bf16.
+fn rounds_inputs(w: &WeightMatrix) -> bool {
+    w.activations()
+        .rounds(BlockFormat::of(w.format()), w.cols())
+}
+
+/// `x` rounded to bf16, for a matrix whose products take rounded inputs.
+fn rounded(x: &[f32]) -> Vec<u16> {
+    let mut xb = Vec::new();
+    round_rows(x, &mut xb);
+    xb
+}
+
 /// Adds the bias (or `+0.0`, which turns a `-0.0` sum into `+0.0` as the definition does) to
 /// outputs `n0..` already in `dst`.
 fn add_bias(bias: Option<&[f32]>, n0: usize, dst: &mut [f32]) {
@@ -247,6 +253,8 @@ pub struct MatVec<'a> {
 /// each per product.
 pub fn matvecs(jobs: Vec<MatVec<'_>>) {
     let mut inputs = Vec::with_capacity(jobs.len());
+    // Inputs rounded to bf16, once per distinct input (a layer's products share one).
+    let mut roundings: Vec<(&[f32], Vec<u16>)> = Vec::new();
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     for (i, job) in jobs.into_iter().enumerate() {
         let (rows, cols) = (job.w.rows(), job.w.cols());
@@ -255,23 +263,22 @@ pub fn matvecs(jobs: Vec<MatVec<'_>>) {
         if let Some(b) = job.bias {
             assert_eq!(b.len(), rows, "matvec bias size");
         }
-        let rounded = job
-            .w
-            .activations()
-            .rounds(BlockFormat::of(job.w.format()), cols)
-            .then(|| {
-                let mut xb = Vec::new();
-                round_rows(job.x, &mut xb);
-                xb
-            });
-        inputs.push((job.x, rounded, job.w, job.bias));
+        let rounding = rounds_inputs(job.w).then(|| {
+            let same = |(x, _): &(&[f32], Vec<u16>)| std::ptr::eq(*x, job.x);
+            roundings.iter().position(same).unwrap_or_else(|| {
+                roundings.push((job.x, rounded(job.x)));
+                roundings.len() - 1
+            })
+        });
+        inputs.push((job.x, rounding, job.w, job.bias));
         for (c, dst) in job.out.chunks_mut(ROWS_PER_TASK).enumerate() {
             tasks.push((i, c * ROWS_PER_TASK, dst));
         }
     }
     let run = |(i, n0, dst): (usize, usize, &mut [f32])| {
-        let (x, rounded, w, bias) = &inputs[i];
-        one_token_rows(x, rounded.as_deref(), w, *bias, n0, dst, KernelChoice::Auto);
+        let (x, rounding, w, bias) = inputs[i];
+        let x_bf16 = rounding.map(|r| roundings[r].1.as_slice());
+        one_token_rows(x, x_bf16, w, bias, n0, dst, KernelChoice::Auto);
     };
     if tasks.len() <= 1 || rayon::current_num_threads() == 1 {
         tasks.into_iter().for_each(run);

@@ -7,10 +7,10 @@
 use std::arch::x86_64::*;
 
 use super::KvRow;
+use super::avx2::KEYS;
 
 /// Most query heads taken together.
 pub(super) const GROUP: usize = 3;
-use super::avx2::KEYS;
 /// 8-float chunks of a head held in registers by the weighted sum, per head.
 const CHUNKS: usize = 4;
 

@@ -181,7 +181,7 @@ impl RowAttention<'_> {
         while h < self.heads {
             // Heads h.. that share h's key/value head.
             let kv = h / group;
-            let same = (h..self.heads).take_while(|&x| x / group == kv).count();
+            let same = ((kv + 1) * group).min(self.heads) - h;
             let g = same.min(grouped::GROUP);
             // SAFETY: forwarded from the caller.
             unsafe {
