@@ -25,7 +25,9 @@
 # `-bf16` twins of monolithic, afd-2cards, afd-2cards-no-overlap and afd-8cards (`--activation-dtype bf16`: activations
 # rounded to bf16 where they meet bf16 or MXFP4 weights, the numerics of a bf16 GGUF in llama.cpp)
 # and the `-auto` ones (afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto: afd serve's
-# default `--micro-batches auto`, which measures one and two micro-batches and runs the faster).
+# default `--micro-batches auto`, which measures one and two micro-batches and runs the faster),
+# and `afd-2cards-bf16-replicated` (the -auto one with `--replicate-experts`: both cards hold
+# every expert, and each step spreads its experts evenly over them).
 # With --with-llamacpp, llama.cpp's llama-server is a variant too (`llama-server`), built from
 # source and fed a GGUF converted from the same checkpoint by scripts/bench_llamacpp.sh (both
 # cached under the cargo target folder), served with `-t THREADS -np <largest concurrency> -kvu
@@ -136,6 +138,7 @@ all_variants=(
     "afd-2cards-auto|--cards 2"
     "afd-2cards-bf16-auto|--cards 2 --activation-dtype bf16"
     "afd-8cards-bf16-auto|--cards 8 --activation-dtype bf16"
+    "afd-2cards-bf16-replicated|--cards 2 --activation-dtype bf16 --replicate-experts"
 )
 default_variants=",monolithic,afd-1card,afd-2cards,afd-4cards,afd-2cards-no-overlap,"
 variants=()
@@ -145,7 +148,7 @@ for v in "${all_variants[@]}"; do
 done
 # llama-server is the peer, not an afd deployment: --with-llamacpp adds it to any selection.
 if [[ $llamacpp_mode == on ]]; then variants+=("llama-server|"); fi
-[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards, monolithic-bf16, afd-2cards-bf16, afd-2cards-bf16-no-overlap, afd-8cards-bf16, afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto"
+[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards, monolithic-bf16, afd-2cards-bf16, afd-2cards-bf16-no-overlap, afd-8cards-bf16, afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto, afd-2cards-bf16-replicated"
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$out/suite.log" >&2; }
 

@@ -162,6 +162,29 @@ pub struct ExpertReplica {
     pub expert: u32,
 }
 
+impl ExpertReplica {
+    /// The replicas `listed`, plus, when `every_expert`, one extra copy of every expert of
+    /// every MoE layer of `config` (each on the card after its primary: with two cards, every
+    /// card then holds every expert).
+    pub fn placed(
+        listed: Vec<ExpertReplica>,
+        every_expert: bool,
+        config: &ModelConfig,
+    ) -> Vec<ExpertReplica> {
+        let n = if every_expert {
+            config.moe.map_or(0, |m| m.num_experts) as u32
+        } else {
+            0
+        };
+        let mut out = listed;
+        out.extend((0..n).map(|expert| ExpertReplica {
+            layer: None,
+            expert,
+        }));
+        out
+    }
+}
+
 /// How to spread the model over cards.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct PlacementOptions {

@@ -79,6 +79,11 @@ pub struct ClusterConfig {
     pub allow_spill: bool,
     /// Replicas of hot experts.
     pub replicas: Vec<ExpertReplica>,
+    /// One extra copy of every expert, on the card after its primary (with two cards, both
+    /// hold every expert): each step then spreads its experts evenly over the cards, so a
+    /// token's experts are computed side by side, at the cost of the experts' memory twice.
+    /// Default false.
+    pub replicate_experts: bool,
     /// Attention-node settings (KV cache, micro-batches, wire dtype, max tokens, ...).
     pub node: NodeConfig,
     /// Executor threads per card (0: every core).
@@ -93,6 +98,12 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// The replicas to place for `model`: [`Self::replicas`], plus every expert when
+    /// [`Self::replicate_experts`].
+    pub fn replicas_for(&self, model: &ModelConfig) -> Vec<ExpertReplica> {
+        ExpertReplica::placed(self.replicas.clone(), self.replicate_experts, model)
+    }
+
     /// The checkpoint's weights as this deployment computes with them: the experts `experts`
     /// names, every product rounding its inputs as `activation_dtype` says.
     pub fn load_weights(&self, experts: ExpertFilter) -> Result<ModelWeights> {
@@ -116,6 +127,7 @@ impl ClusterConfig {
             activation_dtype: ActivationDtype::F32,
             allow_spill: false,
             replicas: Vec::new(),
+            replicate_experts: false,
             // The cards share this host: while they wait for the node in a step of one
             // micro-batch, its attention may use every core.
             node: NodeConfig {
@@ -357,7 +369,7 @@ impl EmbeddedCluster {
             &model,
             &PlacementOptions {
                 cards: config.cards,
-                replicas: config.replicas.clone(),
+                replicas: config.replicas_for(&model),
             },
         )?;
         let ca = match config.transport {

@@ -124,7 +124,7 @@ pub fn connect_remote_node(
         &model,
         &PlacementOptions {
             cards: card_addresses.len(),
-            replicas: config.replicas.clone(),
+            replicas: config.replicas_for(&model),
         },
     )?;
     let identity = NodeIdentity::read_pem(certs, &attention_name(id))?;

@@ -3,9 +3,13 @@
 //! After routing, each token's (expert, weight) slots are grouped by the card holding the
 //! expert: each card receives only the rows it needs, each row with its local slots in the
 //! token's top-k order. Partial sums come back per card and are added in ascending card order,
-//! so the result never depends on which card answers first. When an expert has replicas, the
-//! replica is picked from a per-row key (the token's position), never from the row's place in
-//! the batch, so a token's arithmetic is the same alone or in any batch.
+//! so the result never depends on which card answers first. An expert without replicas always
+//! goes to its one card, so a token's arithmetic is the same alone or in any batch. An expert
+//! with replicas is served, for all its rows of a step, by one of its holders, chosen to even
+//! out how many experts each card computes ([`ExpertPlacement::serving_cards`]): a card then
+//! reads each expert's weights once, and a token whose two experts share a primary card still
+//! has them computed side by side. Such a token's f32 rounding can then depend on its batch
+//! (which partial sums its experts' outputs are added in), as in engines that balance experts.
 
 use model::forward::moe::Routing;
 use proto::data::NO_EXPERT;
@@ -139,10 +143,54 @@ impl ExpertPlacement {
         self.without(&[card]).is_ok()
     }
 
-    /// The card that serves `expert` of `layer` for a row with replica key `key`.
-    pub fn card_for(&self, layer: usize, expert: usize, key: u64) -> usize {
-        let cards = &self.holders[layer][expert];
-        cards[(key % cards.len() as u64) as usize]
+    /// The card that serves each expert of `layer` in a step with `routing` (indexed by
+    /// expert; experts no row routes to are absent). An expert with one holder goes there;
+    /// replicated ones, the most-routed first, go to whichever of their holders computes the
+    /// fewest experts of this step so far; ties go to the first such holder counting from the
+    /// one `keys` (the first row's key) points at.
+    pub fn serving_cards(
+        &self,
+        layer: usize,
+        routing: &Routing,
+        keys: &[u64],
+    ) -> Vec<Option<usize>> {
+        let holders = &self.holders[layer];
+        let mut rows = vec![0usize; holders.len()];
+        let mut first_key = vec![0u64; holders.len()];
+        for (t, &key) in keys.iter().enumerate().take(routing.tokens()) {
+            for (e, _) in routing.token(t) {
+                let e = e as usize;
+                if rows[e] == 0 {
+                    first_key[e] = key;
+                }
+                rows[e] += 1;
+            }
+        }
+        let mut serving = vec![None; holders.len()];
+        let mut load = vec![0usize; self.cards];
+        let mut replicated = Vec::new();
+        for (e, cards) in holders.iter().enumerate() {
+            match cards.as_slice() {
+                _ if rows[e] == 0 => {}
+                [card] => {
+                    serving[e] = Some(*card);
+                    load[*card] += 1;
+                }
+                _ => replicated.push(e),
+            }
+        }
+        replicated.sort_by_key(|&e| (std::cmp::Reverse(rows[e]), e));
+        for e in replicated {
+            let cards = &holders[e];
+            let start = (first_key[e] % cards.len() as u64) as usize;
+            let card = (0..cards.len())
+                .map(|i| cards[(start + i) % cards.len()])
+                .min_by_key(|&c| load[c])
+                .unwrap_or(cards[start]);
+            serving[e] = Some(card);
+            load[card] += 1;
+        }
+        serving
     }
 }
 
@@ -168,7 +216,8 @@ pub struct DispatchPlan {
     pub cards: Vec<CardRows>,
 }
 
-/// Groups routed tokens by card. `keys[t]` picks replicas (use the token's position).
+/// Groups routed tokens by card. `keys[t]` breaks ties between replicas (use the token's
+/// position).
 pub fn plan_dispatch(
     routing: &Routing,
     layer: usize,
@@ -176,6 +225,7 @@ pub fn plan_dispatch(
     keys: &[u64],
 ) -> DispatchPlan {
     let k = routing.top_k;
+    let serving = placement.serving_cards(layer, routing, keys);
     let mut per_card: Vec<CardRows> = (0..placement.cards())
         .map(|card| CardRows {
             card,
@@ -184,9 +234,11 @@ pub fn plan_dispatch(
             weights: Vec::new(),
         })
         .collect();
-    for (t, &key) in keys.iter().enumerate().take(routing.tokens()) {
+    for t in 0..keys.len().min(routing.tokens()) {
         for (e, w) in routing.token(t) {
-            let card = placement.card_for(layer, e as usize, key);
+            let Some(card) = serving[e as usize] else {
+                continue;
+            };
             let c = &mut per_card[card];
             if c.rows.last() != Some(&t) {
                 c.rows.push(t);
@@ -275,6 +327,7 @@ mod tests {
             let keys: Vec<u64> = (0..tokens as u64).map(|t| t * 3).collect();
             let plan = plan_dispatch(&routing, 0, &p, &keys);
             let mut seen = vec![0usize; tokens * k];
+            let mut served_by = vec![None; experts];
             for c in &plan.cards {
                 for (r, &t) in c.rows.iter().enumerate() {
                     let mut last_slot = None;
@@ -284,7 +337,10 @@ mod tests {
                         let j = (0..k).find(|&j| ids[t * k + j] == e).unwrap();
                         prop_assert!(last_slot.is_none_or(|l| l < j), "slot order kept");
                         last_slot = Some(j);
-                        prop_assert_eq!(p.card_for(0, e as usize, keys[t]), c.card);
+                        prop_assert!(p.holders[0][e as usize].contains(&c.card));
+                        // All of a step's rows of an expert go to one card: its weights are
+                        // read once.
+                        prop_assert_eq!(*served_by[e as usize].get_or_insert(c.card), c.card);
                         prop_assert_eq!(c.weights[r * k + s], weights[t * k + j]);
                         seen[t * k + j] += 1;
                     }
@@ -300,6 +356,43 @@ mod tests {
             for t in 0..tokens {
                 let expect: f32 = weights[t * k..(t + 1) * k].iter().sum();
                 prop_assert!((out[t] - expect).abs() < 1e-5);
+            }
+        }
+    }
+
+    proptest! {
+        /// With every expert on every card, a step's experts spread over the cards evenly
+        /// (counts within one of each other), whatever the routing; one token's two experts go
+        /// to two cards.
+        #[test]
+        fn replicated_experts_spread_evenly_over_the_cards(
+            tokens in 1usize..20, experts in 2usize..9, cards in 2usize..5, seed in any::<u64>(),
+        ) {
+            let all: Vec<Vec<Vec<u32>>> = (0..cards).map(|_| vec![(0..experts as u32).collect()]).collect();
+            let p = ExpertPlacement::new(1, experts, &[true], &all).unwrap();
+            let mut ids = Vec::new();
+            for t in 0..tokens {
+                let x = seed.wrapping_mul(t as u64 + 1).wrapping_mul(6364136223846793005) >> 33;
+                let a = (x % experts as u64) as u32;
+                let b = (a + 1 + ((x >> 8) % (experts as u64 - 1)) as u32) % experts as u32;
+                ids.extend([a, b]);
+            }
+            let routing = Routing { top_k: 2, experts: ids.clone(), weights: vec![0.5; tokens * 2] };
+            let keys: Vec<u64> = (0..tokens as u64).map(|t| t + seed % 7).collect();
+            let plan = plan_dispatch(&routing, 0, &p, &keys);
+            let mut per_card = vec![std::collections::BTreeSet::new(); cards];
+            for c in &plan.cards {
+                per_card[c.card].extend(c.experts.iter().copied().filter(|&e| e != NO_EXPERT));
+            }
+            let used: std::collections::BTreeSet<u32> = ids.iter().copied().collect();
+            prop_assert_eq!(per_card.iter().map(|s| s.len()).sum::<usize>(), used.len());
+            let (lo, hi) = (
+                per_card.iter().map(|s| s.len()).min().unwrap_or(0),
+                per_card.iter().map(|s| s.len()).max().unwrap_or(0),
+            );
+            prop_assert!(hi - lo <= 1, "expert counts per card {:?}", per_card);
+            if tokens == 1 {
+                prop_assert_eq!(plan.cards.len(), 2);
             }
         }
     }

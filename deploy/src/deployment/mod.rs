@@ -352,14 +352,8 @@ impl Deployment {
         config.weight_format = self.model.format;
         config.activation_dtype = self.model.activation_dtype;
         config.allow_spill = c.allow_spill;
-        config.replicas = c
-            .replicas
-            .iter()
-            .map(|r| corsair_ffn::assignment::ExpertReplica {
-                layer: r.layer,
-                expert: r.expert,
-            })
-            .collect();
+        config.replicas = c.listed_replicas();
+        config.replicate_experts = c.replicate_experts;
         config.card_threads = c.card_threads;
         config.card_cpu_mask = c.cpu_mask;
         config.profile = self.card_profile()?;

@@ -152,6 +152,10 @@ pub struct CardsSection {
     /// Extra copies of hot experts, e.g. `[{ expert = 3 }, { layer = 0, expert = 7 }]`.
     /// Default: none.
     pub replicas: Vec<ReplicaSpec>,
+    /// One extra copy of every expert, on the card after its primary (with two cards, both
+    /// hold every expert), so each step spreads its experts evenly over the cards; the
+    /// experts then take twice their memory. Default false.
+    pub replicate_experts: bool,
     /// Let weights that do not fit in SRAM stream from LPDDR every step (slower) instead of
     /// refusing the deployment. Default false.
     pub allow_spill: bool,
@@ -169,6 +173,19 @@ pub struct CardsSection {
     pub addresses: Vec<String>,
 }
 
+impl CardsSection {
+    /// The `replicas` listed, as placements take them (without `replicate_experts`' copies).
+    pub fn listed_replicas(&self) -> Vec<corsair_ffn::assignment::ExpertReplica> {
+        self.replicas
+            .iter()
+            .map(|r| corsair_ffn::assignment::ExpertReplica {
+                layer: r.layer,
+                expert: r.expert,
+            })
+            .collect()
+    }
+}
+
 impl Default for CardsSection {
     fn default() -> Self {
         CardsSection {
@@ -176,6 +193,7 @@ impl Default for CardsSection {
             profile: "corsair".into(),
             placement: PlacementPolicy::Contiguous,
             replicas: Vec::new(),
+            replicate_experts: false,
             allow_spill: false,
             card_threads: 1,
             cpu_mask: 0,

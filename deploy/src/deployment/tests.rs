@@ -134,8 +134,10 @@ fn cluster_config_carries_the_keys() {
     assert_eq!(c.activation_dtype, model::kernels::ActivationDtype::Bf16);
     assert!(c.allow_spill);
     assert_eq!(c.replicas.len(), 1);
+    assert!(!c.replicate_experts);
     assert_eq!(c.node.micro_batches, gpu_attention::MicroBatches::One);
     let model = d.model_config().unwrap();
+    assert_eq!(c.replicas_for(&model), c.replicas);
     // 4 sequences of 100 tokens, rounded up to 16-token blocks.
     assert_eq!(
         c.node.kv.memory_bytes,
@@ -200,5 +202,37 @@ fn the_attention_device_and_gpu_memory_reach_the_node() {
             .unwrap_err()
             .to_string();
         assert!(e.contains(key), "{text}: {e}");
+    }
+}
+
+#[test]
+fn replicate_experts_adds_a_copy_of_every_expert_to_the_listed_replicas() {
+    let d = parse("[cards]\ncount = 2\nreplicate_experts = true\nreplicas = [{ expert = 1 }]\n")
+        .unwrap();
+    let c = d.cluster_config().unwrap();
+    assert!(c.replicate_experts);
+    let model = d.model_config().unwrap();
+    let experts = model.moe.map(|m| m.num_experts).unwrap_or(0);
+    assert!(experts > 1);
+    let replicas = c.replicas_for(&model);
+    assert_eq!(replicas.len(), 1 + experts);
+    for e in 0..experts as u32 {
+        assert!(
+            replicas.iter().any(|r| r.expert == e && r.layer.is_none()),
+            "expert {e} not replicated: {replicas:?}"
+        );
+    }
+    // Placed on two cards, every card then holds every expert of every MoE layer.
+    let placed = corsair_ffn::assignment::plan_placement(
+        &model,
+        &corsair_ffn::assignment::PlacementOptions { cards: 2, replicas },
+    )
+    .unwrap();
+    for card in &placed {
+        for share in &card.layers {
+            if let corsair_ffn::assignment::LayerShare::Moe { experts: held } = share {
+                assert_eq!(held.len(), experts);
+            }
+        }
     }
 }

@@ -232,15 +232,11 @@ pub fn plan(
         };
         let placement = PlacementOptions {
             cards: d.cards.count,
-            replicas: d
-                .cards
-                .replicas
-                .iter()
-                .map(|r| ExpertReplica {
-                    layer: r.layer,
-                    expert: r.expert,
-                })
-                .collect(),
+            replicas: ExpertReplica::placed(
+                d.cards.listed_replicas(),
+                d.cards.replicate_experts,
+                config,
+            ),
         };
         let compiled = compile_deployment(config, stored, &placement, &options, &profiles.card)
             .map_err(|source| Error::Cards {

@@ -27,6 +27,12 @@ pub struct ClusterArgs {
     /// is enough work: weights times tokens at least 4 M a layer).
     #[arg(long, default_value_t = 0)]
     pub attention_threads: usize,
+    /// One extra copy of every expert, on the card after its primary (with 2 cards, both hold
+    /// every expert): each step spreads its experts evenly over the cards, so one token's
+    /// experts are computed side by side; the experts take twice their memory.
+    /// Deployment-file key: `cards.replicate_experts`.
+    #[arg(long)]
+    pub replicate_experts: bool,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -82,6 +88,7 @@ impl ClusterArgs {
         let mut c = self.node.config(model, self.cards);
         c.transport = self.transport;
         c.card_threads = self.card_threads;
+        c.replicate_experts = self.replicate_experts;
         // A width the user fixed holds in every step.
         if self.attention_threads > 0 {
             c.node.solo_threads = self.attention_threads;
