@@ -335,41 +335,66 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
     let xs: [*const f32; T] = std::array::from_fn(|t| x[t].as_ptr());
     let blocks = &reduction.blocks;
     let steps = w.prefetch_steps(blocks.end).unwrap_or((0, 0));
+    let rows_first = w.rows_first::<T>();
     for s in 0..reduction.segments() {
         let segment = reduction.segment_blocks(s);
         let last = segment.end;
         let mut acc = [[_mm512_setzero_ps(); T]; R];
-        for b in segment.clone() {
-            if PREFETCH {
-                prefetch::<F, R>(w, data, scales, steps, b);
-            }
-            // Every row's block first, then token by token: the live registers are the
-            // accumulators, the R decoded pairs and one token's two input vectors.
-            let mut wv = [(_mm512_setzero_ps(), _mm512_setzero_ps()); R];
-            for (r, wv) in wv.iter_mut().enumerate() {
-                // SAFETY: block b of every row is inside `data` (checked by the caller); the
-                // scale address is only read by MX formats, whose scales were checked too.
-                *wv = unsafe {
-                    decode::<F>(
-                        pairs,
-                        data.add(w.data_at(r, b)),
-                        scales.wrapping_add(w.scale_at(r, b)),
-                        scaled,
-                    )
-                };
-            }
-            for t in 0..T {
-                // One input vector live at a time: each accumulator still takes its first
-                // half's term before its second's. SAFETY: each input holds blocks.end whole
-                // blocks.
-                let xa = unsafe { _mm512_loadu_ps(xs[t].add(b * BLOCK)) };
-                for r in 0..R {
-                    acc[r][t] = term::<O>(acc[r][t], wv[r].0, xa);
+        if rows_first {
+            // Row by row, each front to back (see `BlockRows::rows_first`).
+            for (r, acc) in acc.iter_mut().enumerate() {
+                for b in segment.clone() {
+                    // SAFETY: block b of every row is inside `data` and the input holds
+                    // blocks.end whole blocks (both checked by the caller); the scale address
+                    // is only read by MX formats, whose scales were checked too.
+                    let (wv, xa, xb) = unsafe {
+                        (
+                            decode::<F>(
+                                pairs,
+                                data.add(w.data_at(r, b)),
+                                scales.wrapping_add(w.scale_at(r, b)),
+                                scaled,
+                            ),
+                            _mm512_loadu_ps(xs[0].add(b * BLOCK)),
+                            _mm512_loadu_ps(xs[0].add(b * BLOCK + LANES)),
+                        )
+                    };
+                    acc[0] = term::<O>(term::<O>(acc[0], wv.0, xa), wv.1, xb);
                 }
-                // SAFETY: as above.
-                let xb = unsafe { _mm512_loadu_ps(xs[t].add(b * BLOCK + LANES)) };
-                for r in 0..R {
-                    acc[r][t] = term::<O>(acc[r][t], wv[r].1, xb);
+            }
+        } else {
+            for b in segment.clone() {
+                if PREFETCH {
+                    prefetch::<F, R>(w, data, scales, steps, b);
+                }
+                // Every row's block first, then token by token: the live registers are the
+                // accumulators, the R decoded pairs and one token's two input vectors.
+                let mut wv = [(_mm512_setzero_ps(), _mm512_setzero_ps()); R];
+                for (r, wv) in wv.iter_mut().enumerate() {
+                    // SAFETY: block b of every row is inside `data` (checked by the caller); the
+                    // scale address is only read by MX formats, whose scales were checked too.
+                    *wv = unsafe {
+                        decode::<F>(
+                            pairs,
+                            data.add(w.data_at(r, b)),
+                            scales.wrapping_add(w.scale_at(r, b)),
+                            scaled,
+                        )
+                    };
+                }
+                for t in 0..T {
+                    // One input vector live at a time: each accumulator still takes its first
+                    // half's term before its second's. SAFETY: each input holds blocks.end whole
+                    // blocks.
+                    let xa = unsafe { _mm512_loadu_ps(xs[t].add(b * BLOCK)) };
+                    for r in 0..R {
+                        acc[r][t] = term::<O>(acc[r][t], wv[r].0, xa);
+                    }
+                    // SAFETY: as above.
+                    let xb = unsafe { _mm512_loadu_ps(xs[t].add(b * BLOCK + LANES)) };
+                    for r in 0..R {
+                        acc[r][t] = term::<O>(acc[r][t], wv[r].1, xb);
+                    }
                 }
             }
         }

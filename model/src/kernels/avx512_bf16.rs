@@ -115,35 +115,60 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
     let steps = w.prefetch_steps(blocks.end).unwrap_or((0, 0));
     // SAFETY: all-zero bits, read as 32 bf16 zeros.
     let zero = unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()) };
+    let rows_first = w.rows_first::<T>();
     for s in 0..reduction.segments() {
         let segment = reduction.segment_blocks(s);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
-        for b in segment.clone() {
-            if PREFETCH {
-                prefetch::<F, R>(w, data, scales, steps, b);
+        if rows_first {
+            // Row by row, each front to back (see `BlockRows::rows_first`).
+            for (r, acc) in acc.iter_mut().enumerate() {
+                for b in segment.clone() {
+                    // SAFETY: block b of every row is inside `data` and the input holds
+                    // blocks.end whole blocks (both checked by the caller); the scale address
+                    // is only read by MXFP4, whose scales were checked too.
+                    let (wv, xv) = unsafe {
+                        (
+                            decode::<F>(
+                                data.add(w.data_at(r, b)),
+                                scales.wrapping_add(w.scale_at(r, b)),
+                                table,
+                            ),
+                            std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                                xs[0].add(b * BLOCK).cast(),
+                            )),
+                        )
+                    };
+                    acc[0] = _mm512_dpbf16_ps(acc[0], wv, xv);
+                }
             }
-            let mut wv = [zero; R];
-            for (r, wv) in wv.iter_mut().enumerate() {
-                // SAFETY: block b of every row is inside `data` (checked by the caller); the
-                // scale address is only read by MXFP4, whose scales were checked too.
-                *wv = unsafe {
-                    decode::<F>(
-                        data.add(w.data_at(r, b)),
-                        scales.wrapping_add(w.scale_at(r, b)),
-                        table,
-                    )
-                };
-            }
-            for t in 0..T {
-                // SAFETY: each input holds blocks.end whole blocks; the same 512 bits, read as
-                // bf16 values.
-                let xv = unsafe {
-                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
-                        xs[t].add(b * BLOCK).cast(),
-                    ))
-                };
-                for r in 0..R {
-                    acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
+        } else {
+            for b in segment.clone() {
+                if PREFETCH {
+                    prefetch::<F, R>(w, data, scales, steps, b);
+                }
+                let mut wv = [zero; R];
+                for (r, wv) in wv.iter_mut().enumerate() {
+                    // SAFETY: block b of every row is inside `data` (checked by the caller); the
+                    // scale address is only read by MXFP4, whose scales were checked too.
+                    *wv = unsafe {
+                        decode::<F>(
+                            data.add(w.data_at(r, b)),
+                            scales.wrapping_add(w.scale_at(r, b)),
+                            table,
+                        )
+                    };
+                }
+                for t in 0..T {
+                    // SAFETY: each input holds blocks.end whole blocks; the same 512 bits, read as
+                    // bf16 values.
+                    let xv = unsafe {
+                        std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                            xs[t].add(b * BLOCK).cast(),
+                        ))
+                    };
+                    for r in 0..R {
+                        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
+                    }
                 }
             }
         }

@@ -9,11 +9,11 @@ use super::{
 };
 use crate::weights::WeightMatrix;
 
-/// How far ahead (bytes) a register block of several rows prefetches the matrix: such a block
-/// reads its rows side by side, a few streams 1-4 KB apart that the hardware prefetcher does
-/// not run far enough ahead of (it left batch-1 decode some 25% short of this on an EPYC
-/// host: medium Mixtral, 7.9 against 6.0 ms a step). Blocks of one row read the matrix as one
-/// sequential stream and prefetch nothing (see [`row_by_row`]).
+/// How far ahead (bytes) a register block of several tokens prefetches the matrix: such a
+/// block reads its rows side by side, a few streams 1-4 KB apart that the hardware prefetcher
+/// does not run far enough ahead of (it left batch-1 decode some 25% short of this on an EPYC
+/// host: medium Mixtral, 7.9 against 6.0 ms a step). One token reads the rows one after
+/// another, one sequential stream, and prefetches nothing (see `BlockRows::rows_first`).
 const PREFETCH_BYTES: usize = 16384;
 
 /// Output rows handled by one parallel task.
@@ -51,7 +51,7 @@ impl BlockJob for Tile<'_> {
                 block: 1,
             },
         )
-        .with_prefetch(if R == 1 { 0 } else { PREFETCH_BYTES });
+        .with_prefetch(if T == 1 { 0 } else { PREFETCH_BYTES });
         if let Some(xb) = self.x_bf16 {
             let xs: [&[u16]; T] =
                 std::array::from_fn(|t| &xb[(t0 + t) * cols..(t0 + t + 1) * cols]);
@@ -221,8 +221,9 @@ fn one_token_rows(
     dst: &mut [f32],
     kernel: KernelChoice,
 ) {
-    row_by_row(
+    register_blocks(
         dst.len(),
+        1,
         &mut Tile {
             x,
             x_bf16,
@@ -234,19 +235,6 @@ fn one_token_rows(
         },
     );
     add_bias(bias, n0, dst);
-}
-
-/// One token's register blocks: one row each, row after row, so a row-major matrix is read
-/// front to back as one stream, which the hardware prefetcher follows at full speed. The 8-row
-/// blocks of [`register_blocks`] read their rows side by side, eight short streams 1.5 KB
-/// apart for a 768-wide matrix; on a 2-core AMD EPYC (Zen 4) VM the reference forward of the
-/// medium Mixtral streamed its weights at 18.5-20.4 GB/s with those and 24.2-26.2 GB/s row by
-/// row (`bench_reference`, both builds alternated, 82-91 against 107-116 tok/s at batch 1).
-/// A block's shape never changes a row's sums: it only decides which rows share a pass.
-fn row_by_row(rows: usize, job: &mut impl BlockJob) {
-    for r in 0..rows {
-        job.run::<1, 1>(r, 0);
-    }
 }
 
 /// One product of a batch that [`matvecs`] runs together.
