@@ -189,11 +189,11 @@ impl<'a, const R: usize> BlockRows<'a, R> {
     /// back, instead of a block of every row at a time: for one input over rows whose blocks
     /// lie one after another (a row-major matrix), so the rows are read as one stream, which
     /// the hardware prefetcher follows at full speed; a block of every row at a time reads `R`
-    /// short streams side by side, which on a 2-core AMD EPYC (Zen 4) VM streamed a medium
-    /// Mixtral's experts through `matmul` at one token at 19-20 GB/s on two threads, against
-    /// 21-23 one row a call and 23-27 eight rows a call rows first (bf16 and f32 inputs, the
-    /// builds alternated). Each row's sums are the same bits either way (its blocks are added
-    /// in the same order); only the order in which rows take their turns changes.
+    /// short streams side by side: on a 2-core AMD EPYC (Zen 4) VM the reference forward of a
+    /// medium Mixtral decoded 60-73 tok/s at batch 1 that way, 77-96 with one row a kernel call
+    /// and 91-112 with eight rows a call rows first (`bench_reference`, the builds alternated).
+    /// Each row's sums are the same bits either way (its blocks are added in the same order);
+    /// only the order in which rows take their turns changes.
     #[inline(always)]
     pub(super) fn rows_first<const T: usize>(&self) -> bool {
         T == 1 && R > 1 && self.data_strides.block == self.format.block_bytes()
