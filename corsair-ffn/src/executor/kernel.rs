@@ -20,12 +20,14 @@ use model::kernels::{
 use crate::format::TileFormat;
 use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES};
 
-/// How far ahead (bytes) the kernel prefetches a tile's weights when several tokens read them.
-/// One token reads a tile front to back in 8-row blocks, one sequential stream that the
-/// hardware prefetcher follows better alone: on a 2-core AMD EPYC (Zen 4) VM, bench_expert's
-/// GPT-OSS-20B expert (bf16, one thread, one token) streamed at 16.9-17.9 GB/s without the
-/// software prefetch against 14.4-15.8 with it (bf16 inputs; f32 inputs 14.6-15.9 against
-/// 12.1-12.5), both builds alternated 3 times. From two tokens on it was within the noise.
+/// How far ahead (bytes) the kernel prefetches a tile's weights, except for one token over a
+/// dense (bf16, f16, f32) tile: that reads the tile front to back in 8-row blocks, one
+/// sequential stream that the hardware prefetcher follows better alone. On a 2-core AMD EPYC
+/// (Zen 4) VM, bench_expert's GPT-OSS-20B expert in bf16 (one thread, one token) streamed at
+/// 16.9-17.9 GB/s without the software prefetch against 14.4-15.8 with it (bf16 inputs; f32
+/// inputs 14.6-15.9 against 12.1-12.5), both builds alternated 3 times. MXFP4 tiles, decoded
+/// in registers and read more slowly, kept it: without, their f32-input call took 1.40-1.61
+/// against 1.37-1.51 ms. From two tokens on either way was within the noise.
 const PREFETCH_BYTES: usize = 8192;
 
 /// Rows per group in tile storage.
@@ -171,7 +173,11 @@ pub fn tile_partials(
         out.len() >= tokens * tile.rows * tile.segments(),
         "tile output too short"
     );
-    let prefetch = if tokens > 1 { PREFETCH_BYTES } else { 0 };
+    let prefetch = if tokens > 1 || tile.format.has_scales() {
+        PREFETCH_BYTES
+    } else {
+        0
+    };
     // The first bytes of the tile are requested all at once (the running prefetch in the
     // kernel covers the rest), so the tile's start does not wait line by line.
     if kernel == KernelChoice::Auto && prefetch > 0 {
