@@ -333,7 +333,9 @@ for dir in "$out"/hf/r*; do
 done
 shopt -u nullglob
 baseline="${baseline:-${inputs[0]%%=*}}"
-title="$family $preset, in $input_len / out $output_len tokens, $(nproc) cores"
+# A checkpoint passed with --model is named by its folder; one synthesized here by family and preset.
+if [[ "$model" == "$target/bench-models/$family-$preset" ]]; then model_name="$family $preset"; else model_name="$(basename "$model")"; fi
+title="$model_name, in $input_len / out $output_len tokens, $(nproc) cores"
 "$loadtest" compare "${inputs[@]}" --baseline "$baseline" --out "$out" --title "$title" \
     >/dev/null 2>"$out/logs/compare.log" || { cat "$out/logs/compare.log" >&2; die "afd-loadtest compare failed"; }
 if [[ -d "$out/runs/afd-2cards" && -d "$out/runs/afd-2cards-no-overlap" ]]; then
