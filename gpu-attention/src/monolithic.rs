@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use model::forward::{LogitsFor, ReferenceModel, SeqChunk};
+use rayon::prelude::*;
 
 use crate::sampler::{TokenHistory, sample_row};
 use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
@@ -114,17 +115,31 @@ impl AttentionNode for MonolithicNode {
             .model
             .forward(&chunks, LogitsFor::LastToken)
             .map_err(StepError::compute)?;
-        let mut out = StepOutput::default();
-        for (e, row) in batch.entries.iter().zip(&logits) {
+        for e in &batch.entries {
             let history = self.histories.entry(e.seq).or_default();
             history.extend(&e.tokens, e.prompt_len);
-            if let Some(request) = &e.sample {
-                let position = (e.start + e.tokens.len()) as u64;
-                out.sampled
-                    .push(sample_row(e.seq, row, request, history, position));
-            }
         }
-        Ok(out)
+        // The rows are sampled on the pool: each is a few passes over the vocabulary (0.3 ms of
+        // a medium Mixtral's 32,000 logits), which at 16 sequences left the other core idle
+        // for about a tenth of a decode step. Each row's token is its own, in batch order.
+        let histories = &self.histories;
+        let sampled = batch
+            .entries
+            .par_iter()
+            .zip(&logits)
+            .filter_map(|(e, row)| {
+                let request = e.sample.as_ref()?;
+                let position = (e.start + e.tokens.len()) as u64;
+                Some(sample_row(
+                    e.seq,
+                    row,
+                    request,
+                    &histories[&e.seq],
+                    position,
+                ))
+            })
+            .collect();
+        Ok(StepOutput { sampled })
     }
 
     fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError> {
@@ -226,6 +241,68 @@ mod tests {
         assert_eq!(out, expected);
         node.free(&[7]).unwrap();
         assert_eq!(node.model().seq_len(7), 0);
+    }
+
+    /// Rows sampled together (on the pool) come back in batch order, each what the sequence
+    /// alone gives: token, logprob and alternatives.
+    #[test]
+    fn a_batch_samples_each_row_as_alone_in_batch_order() {
+        let (_dir, weights) = tiny();
+        let capacity = KvCapacity {
+            block_size: 4,
+            num_blocks: 16,
+        };
+        let request = |seed: u64| SampleRequest {
+            params: SamplingParams {
+                temperature: 0.9,
+                seed,
+                ..Default::default()
+            },
+            penalties: Default::default(),
+            logprobs: true,
+            top_logprobs: 3,
+        };
+        let prompts: [(SeqId, Vec<u32>, bool); 4] = [
+            (3, vec![5, 9, 77], true),
+            (4, vec![1, 2], false),
+            (9, vec![100, 3, 8, 8, 6], true),
+            (1, vec![42], true),
+        ];
+        let entry = |(seq, tokens, sample): &(SeqId, Vec<u32>, bool), i: usize| StepEntry {
+            seq: *seq,
+            tokens: tokens.clone(),
+            start: 0,
+            prompt_len: tokens.len(),
+            block_table: vec![2 * i as u32, 2 * i as u32 + 1],
+            sample: sample.then_some(request(*seq)),
+        };
+        let mut together =
+            MonolithicNode::new(ReferenceModel::new(weights.clone()).unwrap(), capacity);
+        let batch = StepBatch {
+            entries: prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| entry(p, i))
+                .collect(),
+        };
+        let got = together.step(&batch).unwrap().sampled;
+        let mut alone = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            let mut node =
+                MonolithicNode::new(ReferenceModel::new(weights.clone()).unwrap(), capacity);
+            let batch = StepBatch {
+                entries: vec![entry(p, i)],
+            };
+            alone.extend(node.step(&batch).unwrap().sampled);
+        }
+        assert_eq!(got.iter().map(|s| s.seq).collect::<Vec<_>>(), vec![3, 9, 1]);
+        assert_eq!(got.len(), alone.len());
+        for (g, a) in got.iter().zip(&alone) {
+            assert_eq!((g.seq, g.token), (a.seq, a.token));
+            assert_eq!(g.logprob.to_bits(), a.logprob.to_bits());
+            assert_eq!(g.top_logprobs, a.top_logprobs);
+            assert_eq!(g.top_logprobs.len(), 3);
+        }
     }
 
     #[test]

@@ -109,7 +109,9 @@ pub fn sample_row(
     history: &TokenHistory,
     position: u64,
 ) -> SampledToken {
-    let raw = sampling::log_softmax(logits);
+    // Only the sampled token's log-probability is always wanted: the log-sum-exp once, not a
+    // row of them (the same bits as `log_softmax`'s element).
+    let log_sum_exp = sampling::log_sum_exp(logits);
     let token = if request.penalties.is_active() {
         let mut penalized = logits.to_vec();
         apply_penalties(&mut penalized, &request.penalties, history);
@@ -120,8 +122,16 @@ pub fn sample_row(
     SampledToken {
         seq,
         token,
-        logprob: raw[token as usize],
-        top_logprobs: top_n(&raw, request.top_logprobs),
+        logprob: (logits[token as usize] as f64 - log_sum_exp) as f32,
+        top_logprobs: if request.top_logprobs > 0 {
+            let row: Vec<f32> = logits
+                .iter()
+                .map(|&l| (l as f64 - log_sum_exp) as f32)
+                .collect();
+            top_n(&row, request.top_logprobs)
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -214,6 +224,32 @@ mod tests {
             };
             assert_eq!(merged.token, 2, "merge at {temperature}");
             assert!((merged.logprob - raw[2]).abs() < 1e-6);
+        }
+    }
+
+    /// The sampled token's logprob and the top alternatives are `log_softmax`'s bits, with and
+    /// without alternatives asked for.
+    #[test]
+    fn logprobs_are_the_log_softmax_of_the_row() {
+        let logits: Vec<f32> = (0..257)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let raw = sampling::log_softmax(&logits);
+        for (top, position) in [(0, 3u64), (5, 4), (20, 5)] {
+            let request = SampleRequest {
+                params: sampling::SamplingParams {
+                    temperature: 1.0,
+                    seed: 11,
+                    ..Default::default()
+                },
+                penalties: Penalties::default(),
+                logprobs: true,
+                top_logprobs: top,
+            };
+            let got = sample_row(1, &logits, &request, &TokenHistory::default(), position);
+            assert_eq!(got.logprob.to_bits(), raw[got.token as usize].to_bits());
+            assert_eq!(got.top_logprobs, top_n(&raw, top));
+            assert_eq!(got.top_logprobs.len(), top);
         }
     }
 

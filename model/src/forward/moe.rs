@@ -8,6 +8,11 @@ use crate::config::{Activation, MoeSpec, RouterKind};
 use crate::error::Result;
 use crate::kernels;
 use crate::weights::{GatedMlp, Linear, MoeWeights};
+use rayon::prelude::*;
+
+/// The fewest activations one task of the pool computes (fewer cost more to hand over than to
+/// compute).
+const ACTIVATIONS_PER_TASK: usize = 8192;
 
 /// The experts chosen for each token and their weights, `top_k` per token, best first.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,9 +128,13 @@ pub fn gated_mlp(mlp: &GatedMlp, act: Activation, x: &[f32], tokens: usize) -> V
     }
     let gate = mlp.gate.forward_rows(x, tokens);
     let up = mlp.up.forward_rows(x, tokens);
+    // On the pool in long runs: a prompt's activations (64 tokens of a medium Mixtral's two
+    // experts, 262,144 exponentials a layer) otherwise left the other core idle for about a
+    // millisecond a layer. Element by element, so the same bits either way.
     let a: Vec<f32> = gate
-        .iter()
+        .par_iter()
         .zip(&up)
+        .with_min_len(ACTIVATIONS_PER_TASK)
         .map(|(&g, &u)| activate(act, g, u))
         .collect();
     mlp.down.forward_rows(&a, tokens)
