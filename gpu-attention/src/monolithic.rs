@@ -8,9 +8,8 @@
 use std::collections::HashMap;
 
 use model::forward::{LogitsFor, ReferenceModel, SeqChunk};
-use rayon::prelude::*;
 
-use crate::sampler::{TokenHistory, sample_row};
+use crate::sampler::{RowToSample, TokenHistory, sample_rows};
 use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 
 /// The reference model as an attention node.
@@ -119,27 +118,23 @@ impl AttentionNode for MonolithicNode {
             let history = self.histories.entry(e.seq).or_default();
             history.extend(&e.tokens, e.prompt_len);
         }
-        // The rows are sampled on the pool: each is a few passes over the vocabulary (0.3 ms of
-        // a medium Mixtral's 32,000 logits), which at 16 sequences left the other core idle
-        // for about a tenth of a decode step. Each row's token is its own, in batch order.
-        let histories = &self.histories;
-        let sampled = batch
+        let rows: Vec<RowToSample<'_>> = batch
             .entries
-            .par_iter()
+            .iter()
             .zip(&logits)
-            .filter_map(|(e, row)| {
-                let request = e.sample.as_ref()?;
-                let position = (e.start + e.tokens.len()) as u64;
-                Some(sample_row(
-                    e.seq,
-                    row,
-                    request,
-                    &histories[&e.seq],
-                    position,
-                ))
+            .filter_map(|(e, logits)| {
+                Some(RowToSample {
+                    seq: e.seq,
+                    logits,
+                    request: e.sample.as_ref()?,
+                    history: self.histories.get(&e.seq)?,
+                    position: (e.start + e.tokens.len()) as u64,
+                })
             })
             .collect();
-        Ok(StepOutput { sampled })
+        Ok(StepOutput {
+            sampled: sample_rows(&rows),
+        })
     }
 
     fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError> {

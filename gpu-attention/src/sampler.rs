@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use model::sampling;
+use rayon::prelude::*;
 
 use step::{Penalties, SampleRequest, SampledToken, SeqId};
 
@@ -109,9 +110,9 @@ pub fn sample_row(
     history: &TokenHistory,
     position: u64,
 ) -> SampledToken {
-    // Only the sampled token's log-probability is always wanted: the log-sum-exp once, not a
-    // row of them (the same bits as `log_softmax`'s element).
-    let log_sum_exp = sampling::log_sum_exp(logits);
+    // Only the sampled token's log-probability is always wanted: the row's log-sum-exp, and
+    // its log-probabilities only for alternatives.
+    let lse = sampling::log_sum_exp(logits);
     let token = if request.penalties.is_active() {
         let mut penalized = logits.to_vec();
         apply_penalties(&mut penalized, &request.penalties, history);
@@ -122,17 +123,38 @@ pub fn sample_row(
     SampledToken {
         seq,
         token,
-        logprob: (logits[token as usize] as f64 - log_sum_exp) as f32,
+        logprob: sampling::log_prob(logits[token as usize], lse),
         top_logprobs: if request.top_logprobs > 0 {
-            let row: Vec<f32> = logits
-                .iter()
-                .map(|&l| (l as f64 - log_sum_exp) as f32)
-                .collect();
-            top_n(&row, request.top_logprobs)
+            top_n(&sampling::log_probs(logits, lse), request.top_logprobs)
         } else {
             Vec::new()
         },
     }
+}
+
+/// One row of a step to sample with [`sample_row`].
+#[derive(Debug, Clone, Copy)]
+pub struct RowToSample<'a> {
+    /// Its sequence.
+    pub seq: SeqId,
+    /// Its full row of logits.
+    pub logits: &'a [f32],
+    /// How to sample it.
+    pub request: &'a SampleRequest,
+    /// The sequence's tokens so far (for penalties).
+    pub history: &'a TokenHistory,
+    /// The sampled token's position.
+    pub position: u64,
+}
+
+/// [`sample_row`] of every row, on the rayon pool, in the rows' order. A row is a few passes
+/// over the vocabulary (0.3 ms for 32,000 logits on a 2-core EPYC VM), which one after another
+/// left the other core idle for about a tenth of a 16-sequence decode step of the reference
+/// node. Each row's result depends on that row alone.
+pub fn sample_rows(rows: &[RowToSample<'_>]) -> Vec<SampledToken> {
+    rows.par_iter()
+        .map(|r| sample_row(r.seq, r.logits, r.request, r.history, r.position))
+        .collect()
 }
 
 #[cfg(test)]

@@ -83,7 +83,7 @@ pub fn generate(
                 let row = &logits[k][..vocab];
                 let position = (r.prompt.len() + results[i].output_ids.len()) as u64;
                 let tok = sampling::sample(row, &r.sampling, position);
-                let lp = sampling::log_softmax(row)[tok as usize];
+                let lp = sampling::log_prob(row[tok as usize], sampling::log_sum_exp(row));
                 let g = &mut results[i];
                 g.output_ids.push(tok);
                 g.logprobs.push(lp);

@@ -132,8 +132,18 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// Natural-log probabilities of `logits` (f64 accumulation).
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let lse = log_sum_exp(logits);
-    logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
+    log_probs(logits, log_sum_exp(logits))
+}
+
+/// [`log_softmax`] of a row whose [`log_sum_exp`] is `lse`.
+pub fn log_probs(logits: &[f32], lse: f64) -> Vec<f32> {
+    logits.iter().map(|&l| log_prob(l, lse)).collect()
+}
+
+/// One element of [`log_softmax`]: the log-probability of `logit` in a row whose
+/// [`log_sum_exp`] is `lse`, without the rest of the row.
+pub fn log_prob(logit: f32, lse: f64) -> f32 {
+    (logit as f64 - lse) as f32
 }
 
 /// `ln(sum(exp(logits)))` in f64.

@@ -15,7 +15,7 @@ use super::node::DeviceCompute;
 use super::spec::AttentionDevice;
 use crate::kv_cache::KvCacheConfig;
 use crate::monolithic::validate_batch;
-use crate::sampler::{TokenHistory, sample_row};
+use crate::sampler::{RowToSample, TokenHistory, sample_rows};
 
 /// The whole model on a device as an attention node.
 #[derive(Debug)]
@@ -119,22 +119,31 @@ impl AttentionNode for DeviceMonolithicNode {
                 .map_err(StepError::compute)?
         };
         debug_assert_eq!(x.dtype(), DType::F32);
-        let mut out = StepOutput::default();
-        let mut rows = logits.chunks_exact(self.vocab.max(1));
         for e in &batch.entries {
             self.seq_lens.insert(e.seq, e.start + e.tokens.len());
             let history = self.histories.entry(e.seq).or_default();
             history.extend(&e.tokens, e.prompt_len);
-            if let Some(request) = &e.sample {
-                let row = rows
-                    .next()
-                    .ok_or_else(|| StepError::Model("fewer logit rows than samples".into()))?;
-                let position = (e.start + e.tokens.len()) as u64;
-                out.sampled
-                    .push(sample_row(e.seq, row, request, history, position));
-            }
         }
-        Ok(out)
+        let mut logit_rows = logits.chunks_exact(self.vocab.max(1));
+        let mut rows = Vec::new();
+        for e in &batch.entries {
+            let (Some(request), Some(history)) = (&e.sample, self.histories.get(&e.seq)) else {
+                continue;
+            };
+            let logits = logit_rows
+                .next()
+                .ok_or_else(|| StepError::Model("fewer logit rows than samples".into()))?;
+            rows.push(RowToSample {
+                seq: e.seq,
+                logits,
+                request,
+                history,
+                position: (e.start + e.tokens.len()) as u64,
+            });
+        }
+        Ok(StepOutput {
+            sampled: sample_rows(&rows),
+        })
     }
 
     fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError> {
