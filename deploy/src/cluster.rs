@@ -22,7 +22,7 @@ use gpu_attention::{CardLayout, DisaggregatedNode, NodeConfig};
 use jetstream::{ClusterCa, InprocFabric, NodeIdentity, QuicConfig, QuicTransport, Transport};
 use model::config::FfnKind;
 use model::kernels::ActivationDtype;
-use model::weights::{ExpertFilter, LoadOptions};
+use model::weights::{ExpertFilter, HugePages, LoadOptions};
 use model::{ModelConfig, ModelWeights};
 use proto::control::{HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor};
 
@@ -77,6 +77,12 @@ pub struct ClusterConfig {
     pub activation_dtype: ActivationDtype,
     /// Let weights that do not fit in SRAM stream from LPDDR.
     pub allow_spill: bool,
+    /// Whether an attention node on the CPU (and the monolithic reference) copies the
+    /// matrices it computes with out of the memory-mapped checkpoint into transparent huge
+    /// pages at load, which its kernels stream faster (see [`model::checkpoint::move_to_huge_pages`]).
+    /// Default true; false keeps them in the page cache (less load time, memory shared with
+    /// other processes mapping the same file).
+    pub huge_pages: bool,
     /// Replicas of hot experts.
     pub replicas: Vec<ExpertReplica>,
     /// One extra copy of every expert, on the card after its primary (with two cards, both
@@ -105,13 +111,24 @@ impl ClusterConfig {
     }
 
     /// The checkpoint's weights as this deployment computes with them: the experts `experts`
-    /// names, every product rounding its inputs as `activation_dtype` says.
+    /// names, every product rounding its inputs as `activation_dtype` says. On the CPU, with
+    /// [`Self::huge_pages`], the layers' matrices move into huge pages, and the LM head too
+    /// where every expert is loaded (the monolithic reference computes it; an attention node
+    /// only holds it to cover a card that is down).
     pub fn load_weights(&self, experts: ExpertFilter) -> Result<ModelWeights> {
+        let huge_pages = if !self.huge_pages || !self.node.device.is_host() {
+            HugePages::Off
+        } else if matches!(experts, ExpertFilter::All) {
+            HugePages::LayersAndLmHead
+        } else {
+            HugePages::Layers
+        };
         Ok(ModelWeights::load_with(
             &self.model,
             &LoadOptions {
                 experts,
                 activations: self.activation_dtype,
+                huge_pages,
             },
         )?)
     }
@@ -126,6 +143,7 @@ impl ClusterConfig {
             weight_format: FormatChoice::AsStored,
             activation_dtype: ActivationDtype::F32,
             allow_spill: false,
+            huge_pages: true,
             replicas: Vec::new(),
             replicate_experts: false,
             // The cards share this host: while they wait for the node in a step of one

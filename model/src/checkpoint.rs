@@ -14,11 +14,17 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{Error, Result};
 
+mod huge_pages;
+
+pub use huge_pages::move_to_huge_pages;
+
 /// Where the bytes behind a [`SharedBytes`] live.
 #[derive(Debug)]
 enum Backing {
     /// A memory-mapped checkpoint file.
     Mapped(Mmap),
+    /// Anonymous memory holding copies of mapped ranges ([`move_to_huge_pages`]).
+    HugePages(Mmap),
     /// Bytes made at load time (a transposed tensor, a synthetic weight), kept 8-byte aligned.
     Owned { words: Vec<u64>, len: usize },
 }
@@ -26,7 +32,7 @@ enum Backing {
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mapped(m) => m,
+            Backing::Mapped(m) | Backing::HugePages(m) => m,
             Backing::Owned { words, len } => &bytemuck::cast_slice(words)[..*len],
         }
     }

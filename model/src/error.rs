@@ -54,6 +54,18 @@ pub enum Error {
         /// What is wrong and what to do.
         message: String,
     },
+    /// The anonymous memory that the weights are copied into could not be had.
+    #[error(
+        "cannot map {bytes} bytes of memory for the weights ({source}): free memory, or keep \
+         the weights in the memory-mapped checkpoint (`--no-huge-pages`, deployment key \
+         `model.huge_pages = false`)"
+    )]
+    WeightMemory {
+        /// Bytes asked for.
+        bytes: usize,
+        /// What the OS said.
+        source: std::io::Error,
+    },
     /// The checkpoint folder has no weights.
     #[error(
         "no weights in {dir}: expected model.safetensors or model.safetensors.index.json \

@@ -349,3 +349,43 @@ fn broken_checkpoints_give_clear_errors() {
     let err = load_error(&lost);
     assert!(err.contains("model-00002-of-00002.safetensors"), "{err}");
 }
+
+/// Matrices moved into huge pages compute the same bits as where they lie in the file, in
+/// every family and stored format (MXFP4's fused experts share one copy of their tensor).
+#[test]
+fn weights_in_huge_pages_give_the_same_logits() {
+    use model::weights::HugePages;
+    for (family, format) in [
+        (Family::Mixtral, None),
+        (Family::GptOss, Some(SynthFormat::Mxfp4)),
+        (Family::Qwen3Moe, None),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        synth(dir.path(), family, format);
+        let run = |huge_pages| {
+            let mut weights = ModelWeights::load(dir.path()).unwrap();
+            let moved = weights.move_to_huge_pages(huge_pages).unwrap();
+            assert_eq!(
+                moved > 0,
+                huge_pages != HugePages::Off,
+                "{family:?} {huge_pages:?}"
+            );
+            // Moving again finds nothing left in the file.
+            assert_eq!(weights.move_to_huge_pages(huge_pages).unwrap(), 0);
+            let mut m = ReferenceModel::new(weights).unwrap();
+            let chunks = vec![SeqChunk {
+                seq: 0,
+                tokens: PROMPTS[0].to_vec(),
+            }];
+            m.forward(&chunks, LogitsFor::AllTokens).unwrap()
+        };
+        let mapped = run(HugePages::Off);
+        for which in [HugePages::Layers, HugePages::LayersAndLmHead] {
+            let moved = run(which);
+            let bits = |l: &Vec<Vec<f32>>| -> Vec<u32> {
+                l.iter().flatten().map(|v| v.to_bits()).collect()
+            };
+            assert_eq!(bits(&mapped), bits(&moved), "{family:?} {which:?}");
+        }
+    }
+}

@@ -351,6 +351,7 @@ impl Deployment {
         config.transport = self.transport.kind;
         config.weight_format = self.model.format;
         config.activation_dtype = self.model.activation_dtype;
+        config.huge_pages = self.model.huge_pages;
         config.allow_spill = c.allow_spill;
         config.replicas = c.listed_replicas();
         config.replicate_experts = c.replicate_experts;

@@ -34,6 +34,10 @@ pub struct ModelSection {
     /// What matrix products round their inputs to: `f32` (exact) or `bf16` (bf16 and MXFP4
     /// weights take AVX-512 BF16 dot products, as a bf16 model computes). Default: `f32`.
     pub activation_dtype: ActivationDtype,
+    /// Whether attention nodes on the CPU copy the matrices they compute with out of the
+    /// memory-mapped checkpoint into transparent huge pages at load (their kernels stream
+    /// them faster). Default: `true`.
+    pub huge_pages: bool,
     /// The model's id in `/v1/models` and in responses. Default: the checkpoint folder's name.
     pub served_name: Option<String>,
 }
@@ -46,6 +50,7 @@ impl Default for ModelSection {
             family: None,
             format: FormatChoice::AsStored,
             activation_dtype: ActivationDtype::F32,
+            huge_pages: true,
             served_name: None,
         }
     }

@@ -15,6 +15,7 @@ fn empty_file_is_all_defaults() {
     assert_eq!(d.attention.device, gpu_attention::AttentionDevice::Cpu);
     assert_eq!(d.transport.kind, TransportKind::Quic);
     assert_eq!(d.server.port, 8000);
+    assert!(d.model.huge_pages);
     assert!(matches!(
         d.model_source().unwrap(),
         ModelSource::Checkpoint(p) if p.ends_with(BUNDLED_MODEL)
@@ -119,7 +120,8 @@ fn a_named_shape_plans_but_does_not_run() {
 #[test]
 fn cluster_config_carries_the_keys() {
     let d = parse(
-        "[model]\nformat = \"mxint8\"\nactivation_dtype = \"bf16\"\n[cards]\ncount = 3\n\
+        "[model]\nformat = \"mxint8\"\nactivation_dtype = \"bf16\"\nhuge_pages = false\n\
+         [cards]\ncount = 3\n\
          allow_spill = true\n\
          replicas = [{ expert = 1 }]\n[transport]\nkind = \"inproc\"\n\
          [attention]\nnodes = 2\nmax_num_seqs = 4\nmax_model_len = 100\nblock_size = 16\n\
@@ -133,6 +135,7 @@ fn cluster_config_carries_the_keys() {
     assert_eq!(c.weight_format, corsair_ffn::FormatChoice::Mxint8);
     assert_eq!(c.activation_dtype, model::kernels::ActivationDtype::Bf16);
     assert!(c.allow_spill);
+    assert!(!c.huge_pages);
     assert_eq!(c.replicas.len(), 1);
     assert!(!c.replicate_experts);
     assert_eq!(c.node.micro_batches, gpu_attention::MicroBatches::One);

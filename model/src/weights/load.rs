@@ -58,6 +58,22 @@ impl ExpertFilter {
     }
 }
 
+/// Which loaded matrices are copied into huge pages ([`crate::checkpoint::move_to_huge_pages`])
+/// instead of being used where they lie in the memory-mapped checkpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HugePages {
+    /// None: every matrix is read from the mapped file (for processes that copy the weights
+    /// elsewhere anyway, such as a card binding its shard, or a GPU uploading them).
+    #[default]
+    Off,
+    /// The layers' matrices (attention projections, routers, the experts loaded, dense FFNs):
+    /// for the attention node, which holds the LM head only to cover a card that is down.
+    Layers,
+    /// The layers' matrices and the LM head: for the monolithic reference, which computes
+    /// with all of them every step. The embedding, read one row per token, stays mapped.
+    LayersAndLmHead,
+}
+
 /// What to load.
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
@@ -65,6 +81,8 @@ pub struct LoadOptions {
     pub experts: ExpertFilter,
     /// What the loaded matrices' products round their inputs to (default f32: exact).
     pub activations: crate::kernels::ActivationDtype,
+    /// Which matrices move into huge pages (default none).
+    pub huge_pages: HugePages,
 }
 
 impl ModelWeights {
@@ -93,6 +111,10 @@ impl ModelWeights {
             };
             weights.set_activations(options.activations);
             weights
+        })
+        .and_then(|mut weights| {
+            weights.move_to_huge_pages(options.huge_pages)?;
+            Ok(weights)
         })
     }
 }

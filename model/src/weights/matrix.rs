@@ -132,6 +132,12 @@ impl WeightMatrix {
         }
     }
 
+    /// The byte ranges behind the matrix (the data, and MXFP4's scales), to move them
+    /// ([`crate::checkpoint::move_to_huge_pages`]).
+    pub(crate) fn byte_ranges_mut(&mut self) -> impl Iterator<Item = &mut SharedBytes> {
+        std::iter::once(&mut self.data).chain(self.scales.as_mut())
+    }
+
     /// The same matrix, its products rounding their inputs as `dtype` says (where the format
     /// allows: [`ActivationDtype::rounds`]).
     pub fn with_activations(mut self, dtype: ActivationDtype) -> Self {

@@ -8,9 +8,10 @@
 mod load;
 mod matrix;
 
-pub use load::{ExpertFilter, LoadOptions};
+pub use load::{ExpertFilter, HugePages, LoadOptions};
 pub use matrix::{WeightFormat, WeightMatrix};
 
+use crate::checkpoint::SharedBytes;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kernels::ActivationDtype;
@@ -159,5 +160,36 @@ impl ModelWeights {
             }
         }
         self.lm_head.set_activations(dtype);
+    }
+
+    /// Moves the matrices `which` names into huge pages (see [`HugePages`]); returns the
+    /// bytes copied. The numbers are unchanged: the same bytes, elsewhere.
+    pub fn move_to_huge_pages(&mut self, which: HugePages) -> Result<usize> {
+        if which == HugePages::Off {
+            return Ok(0);
+        }
+        let mut ranges: Vec<&mut SharedBytes> = Vec::new();
+        for layer in &mut self.layers {
+            let a = &mut layer.attention;
+            for l in [&mut a.q, &mut a.k, &mut a.v, &mut a.o] {
+                ranges.extend(l.weight.byte_ranges_mut());
+            }
+            let mlps: Vec<&mut GatedMlp> = match &mut layer.ffn {
+                FfnWeights::Moe(moe) => {
+                    ranges.extend(moe.router.weight.byte_ranges_mut());
+                    moe.experts.iter_mut().flatten().collect()
+                }
+                FfnWeights::Dense(mlp) => vec![mlp],
+            };
+            for mlp in mlps {
+                for l in [&mut mlp.gate, &mut mlp.up, &mut mlp.down] {
+                    ranges.extend(l.weight.byte_ranges_mut());
+                }
+            }
+        }
+        if which == HugePages::LayersAndLmHead {
+            ranges.extend(self.lm_head.byte_ranges_mut());
+        }
+        crate::checkpoint::move_to_huge_pages(&mut ranges)
     }
 }

@@ -61,6 +61,11 @@ pub struct NodeArgs {
     /// Let expert weights that do not fit in SRAM stream from LPDDR (modeled cost).
     #[arg(long)]
     pub allow_spill: bool,
+    /// Keep the attention node's weights in the memory-mapped checkpoint (4 KB page-cache
+    /// pages) instead of copying them into transparent huge pages at load, which its CPU
+    /// kernels stream faster. Deployment-file key: `model.huge_pages = false`.
+    #[arg(long)]
+    pub no_huge_pages: bool,
     /// Micro-batches per step: 1, 2, or auto (for steps of 2+ sequences, whichever of 1 and 2
     /// the node measures to be faster for steps of that size; it tries both).
     #[arg(long, default_value = "auto")]
@@ -118,6 +123,7 @@ impl NodeArgs {
         c.weight_format = self.format;
         c.activation_dtype = self.activation_dtype;
         c.allow_spill = self.allow_spill;
+        c.huge_pages = !self.no_huge_pages;
         c.node.reply_timeout = std::time::Duration::from_secs_f64(self.reply_timeout.max(0.001));
         c.node.micro_batches = self.micro_batches;
         c.node.wire_dtype = self.wire_dtype;
