@@ -32,7 +32,9 @@
 # source and fed a GGUF converted from the same checkpoint by scripts/bench_llamacpp.sh (both
 # cached under the cargo target folder), served with `-t THREADS -np <largest concurrency> -kvu
 # --no-cache-prompt -c <context>` and measured by afd-loadtest exactly like afd; it is then the
-# baseline of the comparison.
+# baseline of the comparison. `llama-server-hugepages` is the same server reading the GGUF into
+# buffers in transparent huge pages (`-lm none`, GLIBC_TUNABLES=glibc.malloc.hugetlb=1), as
+# afd holds its weights: the peer at its best on a kernel whose THP is `madvise`.
 #
 # Options (each also as an environment variable, in brackets):
 #   --family F          checkpoint family for afd synth [BENCH_FAMILY=mixtral]
@@ -147,7 +149,11 @@ for v in "${all_variants[@]}"; do
     if [[ ( "$variant_filter" == all && "$default_variants" == *",$name,"* ) || ",$variant_filter," == *",$name,"* ]]; then variants+=("$v"); fi
 done
 # llama-server is the peer, not an afd deployment: --with-llamacpp adds it to any selection.
-if [[ $llamacpp_mode == on ]]; then variants+=("llama-server|"); fi
+# Two ways: as it loads by default (the GGUF memory-mapped: 4 KB page-cache pages), and
+# `llama-server-hugepages`: read into its own buffers (`-lm none`) that glibc backs with
+# transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1), as afd keeps its weights,
+# so that the peer runs at its best on this kernel too.
+if [[ $llamacpp_mode == on ]]; then variants+=("llama-server|" "llama-server-hugepages|-lm none"); fi
 [[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards, monolithic-bf16, afd-2cards-bf16, afd-2cards-bf16-no-overlap, afd-8cards-bf16, afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto, afd-2cards-bf16-replicated"
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$out/suite.log" >&2; }
@@ -254,13 +260,15 @@ run_variant() {
     local name="$1" round="$2"; shift 2
     local logfile="$out/logs/$name-r$round.log" what
     if port_busy "$port"; then die "port $port is in use; pick another with --port"; fi
-    if [[ $name == llama-server ]]; then
+    if [[ $name == llama-server* ]]; then
         what="llama-server"
-        log "round $round: $name: llama-server -t $llamacpp_threads -np $llamacpp_slots -kvu --no-cache-prompt -c $llamacpp_ctx $llamacpp_extra (load $(cut -d' ' -f1 /proc/loadavg))"
+        local tunables="${GLIBC_TUNABLES:-}"
+        if [[ $name == llama-server-hugepages ]]; then tunables="glibc.malloc.hugetlb=1"; fi
+        log "round $round: $name: ${tunables:+GLIBC_TUNABLES=$tunables }llama-server -t $llamacpp_threads -np $llamacpp_slots -kvu --no-cache-prompt -c $llamacpp_ctx $* $llamacpp_extra (load $(cut -d' ' -f1 /proc/loadavg))"
         # shellcheck disable=SC2086
-        "$llama_server" -m "$llamacpp_gguf" --host 127.0.0.1 --port "$port" --alias bench \
+        GLIBC_TUNABLES="$tunables" "$llama_server" -m "$llamacpp_gguf" --host 127.0.0.1 --port "$port" --alias bench \
             -t "$llamacpp_threads" -np "$llamacpp_slots" -kvu --no-cache-prompt -c "$llamacpp_ctx" \
-            $llamacpp_extra >"$logfile" 2>&1 &
+            "$@" $llamacpp_extra >"$logfile" 2>&1 &
     else
         what="afd serve"
         log "round $round: $name: afd serve $* (load $(cut -d' ' -f1 /proc/loadavg))"
@@ -289,7 +297,7 @@ run_variant() {
             || { tail -20 "$out/logs/$name-r$round.loadtest.log" >&2; stop_server; die "afd-loadtest failed on $name at concurrency $c"; }
         log "  c=$c: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("%.1f tok/s, median TPOT %.1f ms, %d failed" % (r["output_throughput"], r["median_tpot_ms"], r["failed"]))' "$out/runs/$name/r$round-c$c.json" 2>/dev/null || echo done)"
     done
-    if [[ $name != llama-server ]]; then
+    if [[ $name != llama-server* ]]; then
         curl -sf "http://127.0.0.1:$port/metrics" >"$out/metrics/$name-r$round.txt" || true
     fi
     peak_rss_mib >"$out/rss/$name-r$round.txt"
@@ -322,7 +330,7 @@ echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/machine.txt
 
 # --- tables and plots ---------------------------------------------------------------------------
 inputs=()
-for v in "llama-server|" "${all_variants[@]}"; do
+for v in "llama-server|" "llama-server-hugepages|" "${all_variants[@]}"; do
     name="${v%%|*}"
     if [[ -d "$out/runs/$name" ]]; then inputs+=("$name=$out/runs/$name"); fi
 done
