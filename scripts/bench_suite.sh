@@ -27,7 +27,9 @@
 # and the `-auto` ones (afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto: afd serve's
 # default `--micro-batches auto`, which measures one and two micro-batches and runs the faster),
 # and `afd-2cards-bf16-replicated` (the -auto one with `--replicate-experts`: both cards hold
-# every expert, and each step spreads its experts evenly over them).
+# every expert, and each step spreads its experts evenly over them), and `afd-2cards-bf16-inproc`
+# (the -auto one over the in-process transport instead of loopback QUIC: what the data plane's
+# packets and wake-ups cost a step).
 # With --with-llamacpp, llama.cpp's llama-server is a variant too (`llama-server`), built from
 # source and fed a GGUF converted from the same checkpoint by scripts/bench_llamacpp.sh (both
 # cached under the cargo target folder), served with `-t THREADS -np <largest concurrency> -kvu
@@ -141,6 +143,7 @@ all_variants=(
     "afd-2cards-bf16-auto|--cards 2 --activation-dtype bf16"
     "afd-8cards-bf16-auto|--cards 8 --activation-dtype bf16"
     "afd-2cards-bf16-replicated|--cards 2 --activation-dtype bf16 --replicate-experts"
+    "afd-2cards-bf16-inproc|--cards 2 --activation-dtype bf16 --transport inproc"
 )
 default_variants=",monolithic,afd-1card,afd-2cards,afd-4cards,afd-2cards-no-overlap,"
 variants=()
@@ -154,7 +157,7 @@ done
 # transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1), as afd keeps its weights,
 # so that the peer runs at its best on this kernel too.
 if [[ $llamacpp_mode == on ]]; then variants+=("llama-server|" "llama-server-hugepages|-lm none"); fi
-[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards, monolithic-bf16, afd-2cards-bf16, afd-2cards-bf16-no-overlap, afd-8cards-bf16, afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto, afd-2cards-bf16-replicated"
+[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards, monolithic-bf16, afd-2cards-bf16, afd-2cards-bf16-no-overlap, afd-8cards-bf16, afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto, afd-2cards-bf16-replicated, afd-2cards-bf16-inproc"
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$out/suite.log" >&2; }
 
