@@ -157,7 +157,10 @@ done
 # transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1), as afd keeps its weights,
 # so that the peer runs at its best on this kernel too.
 if [[ $llamacpp_mode == on ]]; then variants+=("llama-server|" "llama-server-hugepages|-lm none"); fi
-[[ ${#variants[@]} -gt 0 ]] || die "--variants '$variant_filter' names none of: monolithic, afd-1card, afd-2cards, afd-4cards, afd-2cards-no-overlap, afd-8cards, monolithic-bf16, afd-2cards-bf16, afd-2cards-bf16-no-overlap, afd-8cards-bf16, afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto, afd-2cards-bf16-replicated, afd-2cards-bf16-inproc"
+if [[ ${#variants[@]} -eq 0 ]]; then
+    names=("${all_variants[@]%%|*}")
+    die "--variants '$variant_filter' names none of: $(IFS=,; echo "${names[*]}" | sed 's/,/, /g')"
+fi
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$out/suite.log" >&2; }
 
