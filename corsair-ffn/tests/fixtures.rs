@@ -257,3 +257,57 @@ fn converted_formats_run_bit_exact_against_the_software_model_on_real_weights() 
         }
     }
 }
+
+#[test]
+fn binding_a_shard_drops_its_checkpoint_pages_from_the_page_tables() {
+    let (mut pages, mut present) = (0, 0);
+    for dir in fixtures() {
+        let weights = ModelWeights::load(&dir).unwrap();
+        let cfg = &weights.config;
+        let Some(spec) = cfg.moe else { continue };
+        let plan = plan_placement(
+            cfg,
+            &PlacementOptions {
+                cards: 1,
+                replicas: vec![],
+            },
+        )
+        .unwrap();
+        let program = compile(
+            cfg,
+            &stored(&dir, cfg),
+            &plan[0],
+            &CompileOptions {
+                max_tokens: 8,
+                ..CompileOptions::default()
+            },
+            &HardwareProfile::default(),
+        )
+        .unwrap()
+        .program;
+        let _card = Card::new(program, &weights, CardOptions::default()).unwrap();
+        for layer in &weights.layers {
+            let FfnWeights::Moe(moe) = &layer.ffn else {
+                continue;
+            };
+            for e in 0..spec.num_experts {
+                let mlp = moe.expert(e).unwrap();
+                for m in [&mlp.gate.weight, &mlp.up.weight, &mlp.down.weight] {
+                    // Some layouts are transposed at load: those copies are not the file's.
+                    if !m.is_mapped() {
+                        continue;
+                    }
+                    for bytes in [m.rows_from(0).0, m.scales_from(0).0] {
+                        let Some((p, q)) = model::test_support::mapped_pages(bytes) else {
+                            return; // no pagemap to ask
+                        };
+                        pages += p;
+                        present += q;
+                    }
+                }
+            }
+        }
+    }
+    assert!(pages > 0, "the fixtures' experts span no whole page");
+    assert_eq!(present, 0, "pages of bound experts still mapped in");
+}

@@ -89,6 +89,39 @@ impl SharedBytes {
         }
     }
 
+    /// Whether the bytes are read where they lie in a memory-mapped checkpoint file (rather
+    /// than from memory made or copied at load).
+    pub fn is_mapped(&self) -> bool {
+        matches!(*self.backing, Backing::Mapped(_))
+    }
+
+    /// Drops the pages behind bytes `start..start + len` of this range from this process's
+    /// page tables where they are mapped from the checkpoint file (not from the page cache):
+    /// a loader that has copied them elsewhere stops counting them in its resident set. A later
+    /// read, were there one, faults them back in from the cache unchanged. Bytes in memory are
+    /// left alone.
+    pub fn release_pages(&self, start: usize, len: usize) {
+        assert!(
+            start + len <= self.len,
+            "SharedBytes::release_pages out of range"
+        );
+        #[cfg(unix)]
+        if let Backing::Mapped(map) = &*self.backing
+            && len > 0
+        {
+            // SAFETY: the mapping is a read-only view of a file afd never writes, so discarding
+            // its pages only makes the next access read the same bytes from the page cache; no
+            // reference into them can observe a change. The range lies inside the mapping.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    self.start + start,
+                    len,
+                )
+            };
+        }
+    }
+
     /// The same bytes, guaranteed aligned to `align` (copied only when they are not).
     pub fn aligned(self, align: usize) -> Self {
         if (self.as_bytes().as_ptr() as usize).is_multiple_of(align) {

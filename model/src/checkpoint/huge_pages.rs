@@ -59,7 +59,7 @@ pub fn move_to_huge_pages(ranges: &mut [&mut SharedBytes]) -> Result<usize> {
             && !std::mem::replace(&mut copied[order[&start]], true)
         {
             arena[start..start + range.len].copy_from_slice(range.as_bytes());
-            release(range);
+            range.release_pages(0, range.len);
             bytes += range.len;
         }
     }
@@ -79,21 +79,6 @@ pub fn move_to_huge_pages(ranges: &mut [&mut SharedBytes]) -> Result<usize> {
         }
     }
     Ok(bytes)
-}
-
-/// Drops the pages of a mapped `range` from this process's page tables (not from the page
-/// cache): the process reads them no more once they are copied, and a later read, were there
-/// one, faults them back in from the cache unchanged.
-fn release(range: &SharedBytes) {
-    #[cfg(unix)]
-    if let Backing::Mapped(map) = &*range.backing {
-        // SAFETY: the mapping is a read-only view of a file afd never writes, so discarding
-        // its pages only makes the next access read the same bytes from the page cache; no
-        // reference into them can observe a change. The range lies inside the mapping.
-        let _ = unsafe {
-            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len)
-        };
-    }
 }
 
 #[cfg(test)]
@@ -155,6 +140,43 @@ mod tests {
         }
         // The file's pages were released from this process, not lost: they read back the same.
         assert_eq!(whole.slice(100, 3000).as_bytes(), &before[0][..]);
+    }
+
+    #[test]
+    fn copied_and_released_pages_leave_the_page_tables_but_read_the_same() {
+        use crate::test_support::mapped_pages;
+        use crate::weights::{WeightFormat, WeightMatrix};
+        let (_file, whole) = mapped(64 << 10);
+        let expected = whole.as_bytes().to_vec();
+        let Some((pages, present)) = mapped_pages(whole.as_bytes()) else {
+            return; // no pagemap to ask
+        };
+        assert_eq!(
+            (pages, present),
+            (16, 16),
+            "read once, every page is mapped in"
+        );
+        // A bf16 matrix of 32 rows of 1 KB; every other row from row 4, as gate/up views are.
+        let m = WeightMatrix::from_bytes(WeightFormat::Bf16, 64, 512, whole.clone());
+        let odd = m.select_rows(1, 2, 32);
+        odd.release_rows(4, 24); // physical rows 9..=55: bytes 9 KB..56 KB, pages 3..13
+        let inside = whole.slice(12 << 10, 44 << 10);
+        assert_eq!(mapped_pages(inside.as_bytes()), Some((11, 0)));
+        assert_eq!(
+            mapped_pages(whole.slice(0, 8 << 10).as_bytes()),
+            Some((2, 2))
+        );
+        assert_eq!(
+            mapped_pages(whole.slice(56 << 10, 8 << 10).as_bytes()),
+            Some((2, 2))
+        );
+        assert_eq!(whole.as_bytes(), &expected[..]);
+        // Moving into huge pages drops the copied range too.
+        let mut range = whole.slice(0, 64 << 10);
+        move_to_huge_pages(&mut [&mut range]).unwrap();
+        assert_eq!(range.as_bytes(), &expected[..]);
+        let fresh = whole.slice(0, 64 << 10);
+        assert_eq!(mapped_pages(fresh.as_bytes()), Some((16, 0)));
     }
 
     #[test]

@@ -191,6 +191,34 @@ impl WeightMatrix {
         }
     }
 
+    /// Whether the matrix is read where it lies in the memory-mapped checkpoint (not from a
+    /// copy made at load: a transposed tensor, huge pages).
+    pub fn is_mapped(&self) -> bool {
+        self.data.is_mapped()
+    }
+
+    /// Drops the stored bytes of rows `start..start + count` (and of any rows stored between
+    /// them) from this process's page tables where they are mapped from the checkpoint (see
+    /// [`SharedBytes::release_pages`]): for loaders that have copied the rows elsewhere. The
+    /// matrix reads the same afterwards.
+    pub fn release_rows(&self, start: usize, count: usize) {
+        if count == 0 {
+            return;
+        }
+        assert!(start + count <= self.rows, "row release out of range");
+        let (first, last) = (
+            self.physical_row(start),
+            self.physical_row(start + count - 1),
+        );
+        let per_row = self.data_per_row();
+        self.data
+            .release_pages(first * per_row, (last + 1 - first) * per_row);
+        if let Some(s) = &self.scales {
+            let per_row = self.cols / mxfp4::BLOCK;
+            s.release_pages(first * per_row, (last + 1 - first) * per_row);
+        }
+    }
+
     fn physical_row(&self, r: usize) -> usize {
         debug_assert!(r < self.rows);
         self.first_row + r * self.row_step
