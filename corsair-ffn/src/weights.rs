@@ -355,11 +355,11 @@ pub fn bind(program: &Program, source: &dyn WeightSource) -> Result<BoundMemory>
         // written: the checkpoint's pages behind a shard are then resident a batch at a time
         // rather than all together until the load ends (1.4 GB per card of GPT-OSS-20B, on top
         // of every copy made so far).
-        let mut rest = chunks.into_iter().peekable();
-        while rest.peek().is_some() {
+        let mut pending = chunks.into_iter().peekable();
+        while pending.peek().is_some() {
             let mut batch = Vec::new();
             let mut bytes = 0usize;
-            while let Some(c) = rest.next_if(|c| {
+            while let Some(c) = pending.next_if(|c| {
                 bytes < BIND_BATCH_BYTES || batch.last().is_some_and(|l: &(_, usize, _)| l.1 == c.1)
             }) {
                 bytes += c.0.len();

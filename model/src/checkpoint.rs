@@ -95,11 +95,12 @@ impl SharedBytes {
         matches!(*self.backing, Backing::Mapped(_))
     }
 
-    /// Drops the pages behind bytes `start..start + len` of this range from this process's
+    /// Drops the pages holding bytes `start..start + len` of this range from this process's
     /// page tables where they are mapped from the checkpoint file (not from the page cache):
-    /// a loader that has copied them elsewhere stops counting them in its resident set. A later
-    /// read, were there one, faults them back in from the cache unchanged. Bytes in memory are
-    /// left alone.
+    /// a loader that has copied them elsewhere stops counting them in its resident set. Whole
+    /// pages go, so neighbouring bytes sharing the first or last page go too; a later read of
+    /// any of them faults the page back in from the cache unchanged. Bytes in memory are left
+    /// alone.
     pub fn release_pages(&self, start: usize, len: usize) {
         assert!(
             start + len <= self.len,

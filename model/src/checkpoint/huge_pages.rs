@@ -156,10 +156,12 @@ mod tests {
             (16, 16),
             "read once, every page is mapped in"
         );
-        // A bf16 matrix of 32 rows of 1 KB; every other row from row 4, as gate/up views are.
+        // A bf16 matrix of 64 rows of 1 KB, and a view of its odd rows (as GPT-OSS's gate and
+        // up interleave theirs). Its rows 4..28 are stored rows 9..=55: bytes 9 KB..56 KB,
+        // released in whole pages from 8 KB (the page holding the first byte) to 56 KB.
         let m = WeightMatrix::from_bytes(WeightFormat::Bf16, 64, 512, whole.clone());
         let odd = m.select_rows(1, 2, 32);
-        odd.release_rows(4, 24); // physical rows 9..=55: bytes 9 KB..56 KB, pages 3..13
+        odd.release_rows(4, 24);
         let inside = whole.slice(12 << 10, 44 << 10);
         assert_eq!(mapped_pages(inside.as_bytes()), Some((11, 0)));
         assert_eq!(
