@@ -258,6 +258,7 @@ fn converted_formats_run_bit_exact_against_the_software_model_on_real_weights() 
     }
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn binding_a_shard_drops_its_checkpoint_pages_from_the_page_tables() {
     let (mut pages, mut present) = (0, 0);
@@ -298,9 +299,7 @@ fn binding_a_shard_drops_its_checkpoint_pages_from_the_page_tables() {
                         continue;
                     }
                     for bytes in [m.rows_from(0).0, m.scales_from(0).0] {
-                        let Some((p, q)) = model::test_support::mapped_pages(bytes) else {
-                            return; // no pagemap to ask
-                        };
+                        let (p, q) = model::test_support::mapped_pages(bytes);
                         pages += p;
                         present += q;
                     }

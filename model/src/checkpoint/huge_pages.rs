@@ -142,17 +142,15 @@ mod tests {
         assert_eq!(whole.slice(100, 3000).as_bytes(), &before[0][..]);
     }
 
+    #[cfg(target_os = "linux")]
     #[test]
     fn copied_and_released_pages_leave_the_page_tables_but_read_the_same() {
         use crate::test_support::mapped_pages;
         use crate::weights::{WeightFormat, WeightMatrix};
         let (_file, whole) = mapped(64 << 10);
         let expected = whole.as_bytes().to_vec();
-        let Some((pages, present)) = mapped_pages(whole.as_bytes()) else {
-            return; // no pagemap to ask
-        };
         assert_eq!(
-            (pages, present),
+            mapped_pages(whole.as_bytes()),
             (16, 16),
             "read once, every page is mapped in"
         );
@@ -163,14 +161,11 @@ mod tests {
         let odd = m.select_rows(1, 2, 32);
         odd.release_rows(4, 24);
         let inside = whole.slice(12 << 10, 44 << 10);
-        assert_eq!(mapped_pages(inside.as_bytes()), Some((11, 0)));
-        assert_eq!(
-            mapped_pages(whole.slice(0, 8 << 10).as_bytes()),
-            Some((2, 2))
-        );
+        assert_eq!(mapped_pages(inside.as_bytes()), (11, 0));
+        assert_eq!(mapped_pages(whole.slice(0, 8 << 10).as_bytes()), (2, 2));
         assert_eq!(
             mapped_pages(whole.slice(56 << 10, 8 << 10).as_bytes()),
-            Some((2, 2))
+            (2, 2)
         );
         assert_eq!(whole.as_bytes(), &expected[..]);
         // Moving into huge pages drops the copied range too.
@@ -178,7 +173,7 @@ mod tests {
         move_to_huge_pages(&mut [&mut range]).unwrap();
         assert_eq!(range.as_bytes(), &expected[..]);
         let fresh = whole.slice(0, 64 << 10);
-        assert_eq!(mapped_pages(fresh.as_bytes()), Some((16, 0)));
+        assert_eq!(mapped_pages(fresh.as_bytes()), (16, 0));
     }
 
     #[test]
