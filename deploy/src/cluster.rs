@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corsair_ffn::assignment::{ExpertReplica, LayerShare};
-use corsair_ffn::service::{CardHost, CardHostConfig, CpuTurns, DataPlane, model_fingerprint};
+use corsair_ffn::service::{
+    CardHost, CardHostConfig, CardSpan, CpuTurns, DataPlane, model_fingerprint,
+};
 use corsair_ffn::{
     CardAssignment, ExecOptions, FormatChoice, HardwareProfile, PlacementOptions, plan_placement,
 };
@@ -427,6 +429,8 @@ impl EmbeddedCluster {
                 profile: config.profile.clone(),
                 exec,
                 cpu_turns: Some(cpu_turns.clone()),
+                // The node's trace switch records the cards' side of the timeline too.
+                trace: config.node.trace,
             };
             cards.push(Arc::new(CardHost::new(
                 host,
@@ -481,6 +485,12 @@ impl EmbeddedCluster {
     /// Every card's statistics.
     pub fn card_stats(&self) -> Vec<proto::control::CardStats> {
         self.cards.iter().map(|c| c.stats()).collect()
+    }
+
+    /// Every card's message spans since the last call, card by card (empty unless the node's
+    /// `trace` was on when the cluster started).
+    pub fn take_card_spans(&self) -> Vec<CardSpan> {
+        self.cards.iter().flat_map(|c| c.take_spans()).collect()
     }
 
     /// The I/O runtime the transports run on.

@@ -3,7 +3,8 @@
 //! Owns deployment files (`deploy/deployments/*.toml`, [`deployment`]), the planner and system
 //! performance model ([`plan`], with the device and network profiles in `deploy/profiles/`), the
 //! local multi-process launcher, Kubernetes manifests, the assembly of a disaggregated deployment
-//! ([`cluster`]), and the command-line front end that starts any role.
+//! ([`cluster`]), a run's Chrome trace from the node's and the cards' spans ([`timeline`]), and the
+//! command-line front end that starts any role.
 //!
 //! Must not: hold model numerics or protocol logic of its own; it wires the other crates together.
 
@@ -17,6 +18,7 @@ pub mod plan;
 pub mod process;
 pub mod remote;
 pub mod shutdown;
+pub mod timeline;
 pub mod watch;
 
 pub use error::{Error, Result};

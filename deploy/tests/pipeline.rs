@@ -159,3 +159,63 @@ fn seeded_sampling_gives_the_same_tokens_for_every_card_count() {
         }
     }
 }
+
+/// With tracing on, every message a card computed is on the run's timeline, between its
+/// landing and its reply, beside the node's spans.
+#[test]
+fn a_traced_run_lays_every_card_message_beside_the_node_spans() {
+    let dir = fixtures()
+        .into_iter()
+        .find(|d| d.ends_with("gpt-oss-bf16"))
+        .unwrap();
+    let mut config = ClusterConfig::new(&dir, 2);
+    config.transport = TransportKind::Inproc;
+    config.node.kv.memory_bytes = 8 << 20;
+    config.node.trace = true;
+    let mut c = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
+    let mut node = c.take_nodes().remove(0);
+    let request = GenerationRequest {
+        prompt: vec![3, 14, 15],
+        max_tokens: 4,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+    };
+    driver::generate(&mut node, std::slice::from_ref(&request), 0).unwrap();
+    let spans = c.take_card_spans();
+    let messages: u64 = c.card_stats().iter().map(|s| s.messages).sum();
+    assert_eq!(spans.len() as u64, messages, "a span per message computed");
+    let layers = model::ModelConfig::from_file(&dir.join("config.json"))
+        .unwrap()
+        .num_layers();
+    for s in &spans {
+        assert!(s.card < 2, "{s:?}");
+        assert!(s.landed <= s.started && s.started <= s.ended, "{s:?}");
+        assert!(
+            usize::from(s.layer) < layers || s.layer == proto::data::LM_HEAD_LAYER,
+            "{s:?}"
+        );
+    }
+    // Four steps' LM heads on both cards, and layer messages besides.
+    let lm = spans
+        .iter()
+        .filter(|s| s.layer == proto::data::LM_HEAD_LAYER)
+        .count();
+    assert_eq!(lm, 2 * 4);
+    assert!(spans.len() > lm);
+    let trace = deploy::timeline::run_trace(&node.take_trace(), node.trace_origin(), &spans);
+    let events = trace["traceEvents"].as_array().unwrap();
+    let on = |pid: u64| {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == pid)
+            .count()
+    };
+    assert!(on(1) > 0, "no node spans");
+    assert_eq!(
+        on(2),
+        2 * spans.len(),
+        "a wait and a compute event per card message"
+    );
+    // Taken once: the log starts empty again.
+    assert!(c.take_card_spans().is_empty());
+}

@@ -8,9 +8,11 @@
 
 mod cpu_turns;
 pub mod grpc;
+mod spans;
 mod worker;
 
 pub use cpu_turns::CpuTurns;
+pub use spans::CardSpan;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -84,6 +86,8 @@ pub struct CardHostConfig {
     /// The CPUs this card shares with other cards of the same process, served in the order
     /// their messages land ([`CpuTurns`]); `None` when it has them to itself (a card process).
     pub cpu_turns: Option<Arc<CpuTurns>>,
+    /// Record when each message landed, started and was done ([`CardHost::take_spans`]).
+    pub trace: bool,
 }
 
 /// The card's data plane: QUIC, or the in-process twin.
@@ -139,6 +143,8 @@ pub struct CardHost {
     retired: Mutex<Vec<WorkerHandle>>,
     /// Random per host: tells a restarted card from one that only stalled.
     incarnation: u64,
+    /// The workers' message spans, when tracing is on.
+    spans: Option<Arc<spans::SpanLog>>,
 }
 
 impl std::fmt::Debug for CardHost {
@@ -162,6 +168,7 @@ impl CardHost {
     /// parts run on `runtime`).
     pub fn new(config: CardHostConfig, plane: DataPlane, runtime: tokio::runtime::Handle) -> Self {
         CardHost {
+            spans: config.trace.then(Default::default),
             config,
             transport: plane.transport(),
             plane,
@@ -178,6 +185,12 @@ impl CardHost {
     /// This host's incarnation (random, fixed for its life).
     pub fn incarnation(&self) -> u64 {
         self.incarnation
+    }
+
+    /// The spans of the messages computed since the last call, in the order they were done;
+    /// empty unless [`CardHostConfig::trace`] is on.
+    pub fn take_spans(&self) -> Vec<CardSpan> {
+        self.spans.as_ref().map_or_else(Vec::new, |log| log.take())
     }
 
     /// The card's JetStream node name.
@@ -385,6 +398,7 @@ impl CardHost {
             runtime: self.runtime.clone(),
             stop: stop.clone(),
             turns,
+            spans: self.spans.clone(),
         };
         let name = format!("card-{}-worker", self.config.index);
         let mask = self.config.exec.cpu_mask;

@@ -3,13 +3,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use jetstream::{Region, RegionDescriptor, Transport, WriteRequest};
 use proto::data::{self, Candidate, Immediate, Kind, LM_HEAD_LAYER, MessageMeta, Proposal};
 
 use super::cpu_turns::TurnMember;
+use super::spans::{CardSpan, SpanLog};
 use super::{Shard, timed};
 use crate::executor::Slot;
 use crate::lm_head::{LmProposal, RowSampling};
@@ -39,6 +40,8 @@ pub(crate) struct Worker {
     pub stop: Arc<AtomicBool>,
     /// This worker's place among the cards sharing its CPUs, if any.
     pub turns: Option<TurnMember>,
+    /// Where each message's span goes, when tracing is on.
+    pub spans: Option<Arc<SpanLog>>,
 }
 
 impl Worker {
@@ -63,6 +66,7 @@ impl Worker {
                 }
                 _ => None,
             };
+            let started = Instant::now();
             // Decode under the view, then release it before computing so the other
             // micro-batch's message can land meanwhile.
             let decoded = match self.inbox.read_blocking(completion.range()) {
@@ -77,6 +81,17 @@ impl Worker {
             };
             let reply = decoded.and_then(|r| self.compute(r));
             drop(turn);
+            if let Some(log) = &self.spans {
+                log.push(CardSpan {
+                    card: self.card_index,
+                    step: immediate.step,
+                    layer: immediate.layer,
+                    micro_batch: immediate.micro_batch,
+                    landed: completion.landed,
+                    started,
+                    ended: Instant::now(),
+                });
+            }
             let bytes = match reply {
                 Ok(bytes) => bytes,
                 Err(message) => {

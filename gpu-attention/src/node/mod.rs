@@ -309,6 +309,12 @@ impl DisaggregatedNode {
     pub fn take_trace(&mut self) -> Vec<Span> {
         self.trace.take()
     }
+
+    /// The instant the spans of [`Self::take_trace`] count from, to lay other timelines (the
+    /// cards') beside them.
+    pub fn trace_origin(&self) -> std::time::Instant {
+        self.trace.origin()
+    }
 }
 
 impl DisaggregatedNode {

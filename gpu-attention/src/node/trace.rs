@@ -60,6 +60,11 @@ impl Trace {
         }
     }
 
+    /// The instant spans' `start_us` count from.
+    pub fn origin(&self) -> Instant {
+        self.origin
+    }
+
     /// The spans recorded so far, leaving the recorder empty.
     pub fn take(&mut self) -> Vec<Span> {
         std::mem::take(&mut self.spans)

@@ -86,6 +86,8 @@ pub fn run(args: CardArgs) -> anyhow::Result<()> {
             },
             // One card per process: its CPUs are its own.
             cpu_turns: None,
+            // Its spans would stay in this process: only embedded cards join a trace.
+            trace: false,
         },
         DataPlane::Quic(transport),
         runtime.handle().clone(),

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use deploy::cluster::EmbeddedCluster;
 use gpu_attention::device::DeviceMonolithicNode;
-use gpu_attention::node::chrome_trace;
 use model::generate::{Generation, GenerationRequest, generate};
 use model::sampling::SamplingParams;
 use model::{ModelTokenizer, ReferenceModel};
@@ -55,8 +54,9 @@ pub struct GenerateArgs {
     /// Keep generating after an end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
-    /// Write a Chrome trace of the attention node's per-layer spans to this file (with
-    /// --cards; open it in chrome://tracing or ui.perfetto.dev).
+    /// Write a Chrome trace of the attention node's per-layer spans and, beside them, each
+    /// card's messages (waiting for a CPU turn, computing) to this file (with --cards; open
+    /// it in chrome://tracing or ui.perfetto.dev).
     #[arg(long, conflicts_with = "reference")]
     trace: Option<PathBuf>,
     #[command(flatten)]
@@ -183,7 +183,7 @@ fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Re
     )
     .context("generating through the cards")?;
     if let Some(path) = &args.trace {
-        // The trace is the node's view; the cards' own compute time is the other half of it.
+        // The node's spans, and the cards' messages beside them on the same clock.
         let stats = cluster.card_stats();
         let per_card: Vec<String> = stats
             .iter()
@@ -195,7 +195,11 @@ fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Re
             stats.iter().map(|s| s.messages).sum::<u64>(),
             per_card.join(" ")
         );
-        let json = chrome_trace(&node.take_trace());
+        let json = deploy::timeline::run_trace(
+            &node.take_trace(),
+            node.trace_origin(),
+            &cluster.take_card_spans(),
+        );
         std::fs::write(path, serde_json::to_string(&json)?)
             .with_context(|| format!("writing the trace to {}", path.display()))?;
         eprintln!(

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Summarise an `afd generate --trace` Chrome trace: where a decode step's time goes.
+
+Per layer and step, from the node's spans and the cards' messages (one clock):
+  - the node's attention, dispatch and wait+combine (medians over layers);
+  - the cards' compute time added up, and the span from the first card message landing to the
+    last one's reply: their ratio is how many cards computed at a time on average;
+  - how long messages waited for a CPU turn;
+  - the LM head's node span and the cards' compute for it.
+
+Usage: scripts/trace_summary.py TRACE.json [--skip-steps N]   (standard library only)
+"""
+import argparse
+import collections
+import json
+import statistics
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--skip-steps", type=int, default=2, help="first steps left out (prefill, warm-up); default 2")
+    args = ap.parse_args()
+    with open(args.trace) as f:
+        doc = json.load(f)
+    events = [e for e in doc.get("traceEvents", doc) if e.get("ph") == "X"]
+    node = collections.defaultdict(list)
+    for e in events:
+        if e["pid"] == 1:
+            node[e["cat"]].append(e["dur"] / 1000)
+    cards = [e for e in events if e["pid"] == 2]
+    if not cards:
+        raise SystemExit("no card spans in this trace: it needs `afd generate --cards N --trace FILE` from this version on")
+    first_step = min(e["args"]["step"] for e in cards) + args.skip_steps
+    groups = collections.defaultdict(list)
+    for e in cards:
+        a = e["args"]
+        if a["step"] >= first_step:
+            groups[(a["step"], e["name"].split(" ", 1)[1], a["micro_batch"])].append(e)
+    busy, span, waits, lm_busy, per_msg = [], [], [], [], []
+    for (step, what, mb), evs in groups.items():
+        compute = [e for e in evs if e["cat"] == "compute"]
+        wait = [e for e in evs if e["cat"] == "wait"]
+        start = min(e["ts"] for e in wait)
+        end = max(e["ts"] + e["dur"] for e in compute)
+        total = sum(e["dur"] for e in compute) / 1000
+        if what == "lm-head":
+            lm_busy.append(total)
+            continue
+        busy.append(total)
+        span.append((end - start) / 1000)
+        waits += [e["dur"] / 1000 for e in wait]
+        per_msg += [e["dur"] / 1000 for e in compute]
+    med = statistics.median
+    print(f"node (medians over layers): " + ", ".join(f"{k} {med(v):.2f} ms" for k, v in sorted(node.items())))
+    if busy:
+        print(f"cards, {len(busy)} layer messages groups from step {first_step} on (medians):")
+        print(f"  compute added up {med(busy):.2f} ms, first landing to last reply {med(span):.2f} ms: "
+              f"{med(busy) / med(span):.2f} cards at a time")
+        print(f"  a message computes {med(per_msg):.2f} ms and waits {med(waits):.2f} ms for its turn "
+              f"(mean {statistics.mean(waits):.2f})")
+    if lm_busy:
+        print(f"  LM head: cards' compute added up {med(lm_busy):.1f} ms a step")
+
+
+if __name__ == "__main__":
+    main()
