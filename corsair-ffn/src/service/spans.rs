@@ -20,7 +20,8 @@ pub struct CardSpan {
     pub micro_batch: u8,
     /// When it landed in the card's inbox (JetStream's receive time).
     pub landed: Instant,
-    /// When the card's worker took it up, its CPU turn granted.
+    /// When the card's worker took it up: its CPU turn granted, or at once for a message that
+    /// takes no turn (the LM head's).
     pub started: Instant,
     /// When its reply was computed.
     pub ended: Instant,
