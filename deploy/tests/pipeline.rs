@@ -12,11 +12,20 @@ mod common;
 
 use common::{expected, fixtures, greedy_requests};
 
-fn cluster(dir: &Path, cards: usize, transport: TransportKind) -> EmbeddedCluster {
+fn config(dir: &Path, cards: usize, transport: TransportKind) -> ClusterConfig {
     let mut config = ClusterConfig::new(dir, cards);
     config.transport = transport;
     config.node.kv.memory_bytes = 8 << 20;
-    EmbeddedCluster::start(&config, &mut |_| {}).unwrap()
+    config
+}
+
+fn cluster(dir: &Path, cards: usize, transport: TransportKind) -> EmbeddedCluster {
+    EmbeddedCluster::start(&config(dir, cards, transport), &mut |_| {}).unwrap()
+}
+
+/// The fixture checkpoint whose directory is named `name`.
+fn fixture(name: &str) -> std::path::PathBuf {
+    fixtures().into_iter().find(|d| d.ends_with(name)).unwrap()
 }
 
 #[test]
@@ -88,10 +97,7 @@ fn eight_prompts() -> Vec<Vec<u32>> {
 
 #[test]
 fn a_sequence_gets_the_same_tokens_alone_and_in_a_batch_of_eight() {
-    let dir = fixtures()
-        .into_iter()
-        .find(|d| d.ends_with("gpt-oss-bf16"))
-        .unwrap();
+    let dir = fixture("gpt-oss-bf16");
     let prompts = eight_prompts();
     let batched = generate(&dir, 3, &prompts, 10, SamplingParams::greedy());
     for i in [0, 3, 7] {
@@ -109,7 +115,7 @@ fn a_sequence_gets_the_same_tokens_alone_and_in_a_batch_of_eight() {
 #[test]
 fn seeded_sampling_gives_the_same_tokens_for_every_card_count() {
     for name in ["gpt-oss-mxfp4", "qwen3-moe"] {
-        let dir = fixtures().into_iter().find(|d| d.ends_with(name)).unwrap();
+        let dir = fixture(name);
         let prompts = eight_prompts();
         let top_k = SamplingParams {
             temperature: 0.9,
@@ -164,13 +170,8 @@ fn seeded_sampling_gives_the_same_tokens_for_every_card_count() {
 /// landing and its reply, beside the node's spans.
 #[test]
 fn a_traced_run_lays_every_card_message_beside_the_node_spans() {
-    let dir = fixtures()
-        .into_iter()
-        .find(|d| d.ends_with("gpt-oss-bf16"))
-        .unwrap();
-    let mut config = ClusterConfig::new(&dir, 2);
-    config.transport = TransportKind::Inproc;
-    config.node.kv.memory_bytes = 8 << 20;
+    let dir = fixture("gpt-oss-bf16");
+    let mut config = config(&dir, 2, TransportKind::Inproc);
     config.node.trace = true;
     let mut c = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
     let mut node = c.take_nodes().remove(0);

@@ -66,7 +66,8 @@ impl Worker {
                 }
                 _ => None,
             };
-            let started = Instant::now();
+            // Only a traced run reads the clock for its spans.
+            let started = self.spans.as_ref().map(|_| Instant::now());
             // Decode under the view, then release it before computing so the other
             // micro-batch's message can land meanwhile.
             let decoded = match self.inbox.read_blocking(completion.range()) {
@@ -81,7 +82,7 @@ impl Worker {
             };
             let reply = decoded.and_then(|r| self.compute(r));
             drop(turn);
-            if let Some(log) = &self.spans {
+            if let (Some(log), Some(started)) = (&self.spans, started) {
                 log.push(CardSpan {
                     card: self.card_index,
                     step: immediate.step,
