@@ -16,6 +16,36 @@ pub(super) const BF16: u8 = 1;
 const F16: u8 = 2;
 pub(super) const MXFP4: u8 = 3;
 const MXINT8: u8 = 4;
+/// [`BlockFormat::Mxfp4RowPairs`] rows whose row 0 is the first of its pair.
+pub(super) const MXFP4_PAIRS: u8 = 5;
+/// [`BlockFormat::Mxfp4RowPairs`] rows whose row 0 is the second of its pair.
+pub(super) const MXFP4_PAIRS_SECOND: u8 = 6;
+
+/// Byte offset of block `b` of row `r` of rows in format `F`: [`BlockRows::data_at`] with the
+/// format known when compiling, so the unrolled rows' offsets are constants.
+#[inline(always)]
+pub(super) fn data_at<const F: u8, const R: usize>(
+    w: &BlockRows<'_, R>,
+    r: usize,
+    b: usize,
+) -> usize {
+    let unit = match F {
+        MXFP4_PAIRS => r / 2,
+        MXFP4_PAIRS_SECOND => r.div_ceil(2),
+        _ => r,
+    };
+    unit * w.data_strides.row + b * w.data_strides.block
+}
+
+/// Whether row `r` of rows in format `F` is the second of its pair (its high nibbles).
+#[inline(always)]
+pub(super) const fn second_of_pair<const F: u8>(r: usize) -> bool {
+    match F {
+        MXFP4_PAIRS => r % 2 == 1,
+        MXFP4_PAIRS_SECOND => r.is_multiple_of(2),
+        _ => false,
+    }
+}
 
 /// Whether this CPU can run this path.
 pub(super) fn available() -> bool {
@@ -61,6 +91,8 @@ pub(super) unsafe fn block_sums<O: SumOrder, const R: usize, const T: usize>(
         BlockFormat::F16 => go!(F16),
         BlockFormat::Mxfp4 => go!(MXFP4),
         BlockFormat::Mxint8 => go!(MXINT8),
+        BlockFormat::Mxfp4RowPairs if w.pair_offset == 1 => go!(MXFP4_PAIRS_SECOND),
+        BlockFormat::Mxfp4RowPairs => go!(MXFP4_PAIRS),
     }
 }
 
@@ -69,13 +101,14 @@ const fn block_bytes<const F: u8>() -> usize {
     match F {
         F32 => BLOCK * 4,
         BF16 | F16 => BLOCK * 2,
-        MXFP4 => BLOCK / 2,
+        MXFP4 | MXFP4_PAIRS | MXFP4_PAIRS_SECOND => BLOCK / 2,
         _ => BLOCK,
     }
 }
 
 /// The two lane vectors of the block at `data` (scale byte at `scale`, read by MX formats):
-/// its even and odd values when `pairs` (bf16, f16, MXFP4), else its two halves.
+/// its even and odd values when `pairs` (bf16, f16, MXFP4), else its two halves. A row pair's
+/// block ([`MXFP4_PAIRS`]) gives its first row's values, or its second's when `second`.
 ///
 /// # Safety
 /// The block's bytes (and its scale byte, for MX formats) must be readable; the CPU must have
@@ -84,6 +117,7 @@ const fn block_bytes<const F: u8>() -> usize {
 #[inline]
 unsafe fn decode<const F: u8>(
     pairs: bool,
+    second: bool,
     data: *const u8,
     scale: *const u8,
     scaled: &ScaledFp4,
@@ -91,6 +125,26 @@ unsafe fn decode<const F: u8>(
     // SAFETY: the caller guarantees the bytes read here are inside the rows.
     unsafe {
         match F {
+            MXFP4_PAIRS | MXFP4_PAIRS_SECOND => {
+                // The permute reads the low 4 bits of each index: the row's nibble once the
+                // second row's is shifted down.
+                let nibbles = |v: __m512i| if second { _mm512_srli_epi32::<4>(v) } else { v };
+                let table = _mm512_load_ps(scaled.0[*scale as usize].as_ptr());
+                if pairs {
+                    // 32-bit lane l: bytes 2l and 2l + 1, the row's elements 2l and 2l + 1.
+                    let v = nibbles(_mm512_cvtepu16_epi32(_mm256_loadu_si256(data.cast())));
+                    (
+                        _mm512_permutexvar_ps(v, table),
+                        _mm512_permutexvar_ps(_mm512_srli_epi32::<8>(v), table),
+                    )
+                } else {
+                    let half = |p: *const u8| {
+                        let v = nibbles(_mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())));
+                        _mm512_permutexvar_ps(v, table)
+                    };
+                    (half(data), half(data.add(LANES)))
+                }
+            }
             F32 => {
                 let p = data.cast::<f32>();
                 (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(LANES)))
@@ -330,7 +384,7 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
     scaled: &ScaledFp4,
     mut emit: impl Sink<R, T>,
 ) {
-    let pairs = O::PAIRED && matches!(F, BF16 | F16 | MXFP4);
+    let pairs = O::PAIRED && matches!(F, BF16 | F16 | MXFP4 | MXFP4_PAIRS | MXFP4_PAIRS_SECOND);
     let (data, scales) = (w.data.as_ptr(), w.scales.as_ptr());
     let xs: [*const f32; T] = std::array::from_fn(|t| x[t].as_ptr());
     let blocks = &reduction.blocks;
@@ -351,7 +405,8 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
                         (
                             decode::<F>(
                                 pairs,
-                                data.add(w.data_at(r, b)),
+                                second_of_pair::<F>(r),
+                                data.add(data_at::<F, R>(w, r, b)),
                                 scales.wrapping_add(w.scale_at(r, b)),
                                 scaled,
                             ),
@@ -376,7 +431,8 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
                     *wv = unsafe {
                         decode::<F>(
                             pairs,
-                            data.add(w.data_at(r, b)),
+                            second_of_pair::<F>(r),
+                            data.add(data_at::<F, R>(w, r, b)),
                             scales.wrapping_add(w.scale_at(r, b)),
                             scaled,
                         )
@@ -402,7 +458,7 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
             let b = blocks.end;
             for (r, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: the first half of block `end` is inside every row and input (checked).
-                let wa = unsafe { decode_half::<F>(data.add(w.data_at(r, b))) };
+                let wa = unsafe { decode_half::<F>(data.add(data_at::<F, R>(w, r, b))) };
                 for (acc, x) in acc.iter_mut().zip(&xs) {
                     // SAFETY: as above.
                     let xa = unsafe { _mm512_loadu_ps(x.add(b * BLOCK)) };

@@ -3,7 +3,9 @@
 //! permute of the block's 16 scaled FP4 values; each block then takes one `vdpbf16ps` per row
 //! and input, which adds element `2l + 1`'s product and then element `2l`'s into lane `l`.
 
-use super::avx512::{BF16, MXFP4, fold_all, prefetch};
+use super::avx512::{
+    BF16, MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, data_at, fold_all, prefetch, second_of_pair,
+};
 use super::{BLOCK, BlockFormat, BlockRows, Reduction, Sink};
 use std::arch::x86_64::*;
 
@@ -18,7 +20,8 @@ pub(super) fn available() -> bool {
 }
 
 /// The 16 FP4 values times each scale, as bf16 (exact: one mantissa bit times a power of two),
-/// padded to 32 words so that a row is one aligned 64-byte load.
+/// twice over, so that a row is one aligned 64-byte load and a word permute, which reads 5
+/// index bits, finds a nibble's value whatever bit 4 holds.
 #[repr(C, align(64))]
 struct ScaledFp4Bf16([[u16; 32]; 256]);
 
@@ -28,7 +31,7 @@ fn scaled_fp4_bf16() -> &'static ScaledFp4Bf16 {
         let scaled = crate::mxfp4::scaled_fp4();
         let mut t = Box::new(ScaledFp4Bf16([[0; 32]; 256]));
         for (row, values) in t.0.iter_mut().zip(scaled.0.iter()) {
-            for (w, v) in row.iter_mut().zip(values) {
+            for (w, v) in row.iter_mut().zip(values.iter().cycle()) {
                 *w = (v.to_bits() >> 16) as u16;
             }
         }
@@ -62,11 +65,14 @@ pub(super) unsafe fn block_sums<const R: usize, const T: usize>(
     }
     match w.format {
         BlockFormat::Mxfp4 => go!(MXFP4),
+        BlockFormat::Mxfp4RowPairs if w.pair_offset == 1 => go!(MXFP4_PAIRS_SECOND),
+        BlockFormat::Mxfp4RowPairs => go!(MXFP4_PAIRS),
         _ => go!(BF16),
     }
 }
 
-/// The block at `data` as 32 bf16 values in element order (MXFP4: scale byte at `scale`).
+/// The block at `data` as 32 bf16 values in element order (MXFP4: scale byte at `scale`; a row
+/// pair's block: its first row's values, or its second's when `second`).
 ///
 /// # Safety
 /// The block's bytes (and its scale byte, for MXFP4) must be readable; the CPU must have the
@@ -74,13 +80,21 @@ pub(super) unsafe fn block_sums<const R: usize, const T: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[inline]
 unsafe fn decode<const F: u8>(
+    second: bool,
     data: *const u8,
     scale: *const u8,
     table: &ScaledFp4Bf16,
 ) -> __m512bh {
     // SAFETY: the caller guarantees the bytes read here are inside the rows.
     unsafe {
-        let words = if F == MXFP4 {
+        let words = if matches!(F, MXFP4_PAIRS | MXFP4_PAIRS_SECOND) {
+            // Word k: byte k, the rows' element k in its two nibbles. The permute reads the
+            // low 5 bits; the table holds its 16 values twice, so bit 4 does not matter.
+            let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(data.cast()));
+            let index = if second { _mm512_srli_epi16::<4>(v) } else { v };
+            let values = _mm512_load_si512(table.0[*scale as usize].as_ptr().cast());
+            _mm512_permutexvar_epi16(index, values)
+        } else if F == MXFP4 {
             // Byte j holds elements 2j (low nibble) and 2j + 1 (high): one 32-bit lane per byte,
             // its low word indexing the low nibble's value and its high word the high one's.
             let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(data.cast()));
@@ -129,7 +143,8 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
                     let (wv, xv) = unsafe {
                         (
                             decode::<F>(
-                                data.add(w.data_at(r, b)),
+                                second_of_pair::<F>(r),
+                                data.add(data_at::<F, R>(w, r, b)),
                                 scales.wrapping_add(w.scale_at(r, b)),
                                 table,
                             ),
@@ -152,7 +167,8 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
                     // scale address is only read by MXFP4, whose scales were checked too.
                     *wv = unsafe {
                         decode::<F>(
-                            data.add(w.data_at(r, b)),
+                            second_of_pair::<F>(r),
+                            data.add(data_at::<F, R>(w, r, b)),
                             scales.wrapping_add(w.scale_at(r, b)),
                             table,
                         )

@@ -34,7 +34,10 @@ impl ActivationDtype {
     /// inputs to bf16 under this setting.
     pub fn rounds(self, format: BlockFormat, cols: usize) -> bool {
         self == ActivationDtype::Bf16
-            && matches!(format, BlockFormat::Bf16 | BlockFormat::Mxfp4)
+            && matches!(
+                format,
+                BlockFormat::Bf16 | BlockFormat::Mxfp4 | BlockFormat::Mxfp4RowPairs
+            )
             && cols.is_multiple_of(BLOCK)
     }
 }
@@ -139,7 +142,10 @@ pub fn bf16_block_sums<const R: usize, const T: usize>(
 ) {
     assert!(reduction.segment > 0, "segments of no blocks");
     assert!(
-        matches!(w.format, BlockFormat::Bf16 | BlockFormat::Mxfp4),
+        matches!(
+            w.format,
+            BlockFormat::Bf16 | BlockFormat::Mxfp4 | BlockFormat::Mxfp4RowPairs
+        ),
         "the bf16 path reads bf16 or MXFP4 weights"
     );
     assert!(!reduction.half, "the bf16 path sums whole blocks");

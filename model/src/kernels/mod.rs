@@ -87,7 +87,10 @@ pub trait SumOrder: Copy + Send + Sync + 'static {
 /// the formats that store pairs together and reads f32 and MXINT8 as stored even-first.
 pub const fn lanes_of(paired: bool, format: BlockFormat) -> Lanes {
     match (paired, format) {
-        (true, BlockFormat::Bf16 | BlockFormat::F16 | BlockFormat::Mxfp4) => Lanes::Pairs,
+        (
+            true,
+            BlockFormat::Bf16 | BlockFormat::F16 | BlockFormat::Mxfp4 | BlockFormat::Mxfp4RowPairs,
+        ) => Lanes::Pairs,
         _ => Lanes::Halves,
     }
 }
@@ -337,5 +340,7 @@ pub fn prefetch_start(bytes: &[u8], limit: usize) {
 
 #[cfg(test)]
 mod bf16_tests;
+#[cfg(test)]
+mod row_pairs_tests;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -181,6 +181,7 @@ pub(crate) fn random_blocks(
                     *value = q as f32 * scale;
                     bytes[j] = q as u8;
                 }
+                BlockFormat::Mxfp4RowPairs => unreachable!("row pairs are built from MXFP4 rows"),
             }
         }
     }

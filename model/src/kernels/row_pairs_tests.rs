@@ -1,0 +1,143 @@
+//! [`BlockFormat::Mxfp4RowPairs`]: rows stored two to a pair block give, on every path, order
+//! and register block, the bits of the same rows stored one by one as MXFP4.
+
+use super::tests::{random_blocks, values};
+use super::*;
+
+/// Rows per group, as the card's tiles group them.
+const GROUP: usize = 8;
+
+/// `GROUP` rows of `blocks` random MXFP4 blocks, stored both ways with the card's interleaving
+/// (block 0 of every row, then block 1, ...): (standard data, pair data, scales).
+fn stored(blocks: usize, seed: u64) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let rows: Vec<_> = (0..GROUP as u64)
+        .map(|r| random_blocks(BlockFormat::Mxfp4, false, blocks, seed + r))
+        .collect();
+    let mut standard = vec![0u8; GROUP * blocks * 16];
+    let mut pairs = vec![0u8; GROUP * blocks * 16];
+    let mut scales = vec![0u8; GROUP * blocks];
+    for (r, (_, data, s)) in rows.iter().enumerate() {
+        for b in 0..blocks {
+            let block = &data[b * 16..(b + 1) * 16];
+            standard[(b * GROUP + r) * 16..][..16].copy_from_slice(block);
+            scales[b * GROUP + r] = s[b];
+            for k in 0..BLOCK {
+                let nibble = (block[k / 2] >> (4 * (k % 2))) & 0x0f;
+                pairs[b * GROUP * 16 + r / 2 * 32 + k] |= nibble << (4 * (r % 2));
+            }
+        }
+    }
+    (standard, pairs, scales)
+}
+
+/// Rows `r0..r0 + R` of a group, standard and as row pairs.
+fn rows<'a, const R: usize>(
+    (standard, pairs, scales): &'a (Vec<u8>, Vec<u8>, Vec<u8>),
+    r0: usize,
+) -> (BlockRows<'a, R>, BlockRows<'a, R>) {
+    let block = GROUP * 16;
+    let scale_strides = Strides {
+        row: 1,
+        block: GROUP,
+    };
+    let one = BlockRows::<R>::new(
+        BlockFormat::Mxfp4,
+        &standard[r0 * 16..],
+        Strides { row: 16, block },
+        &scales[r0..],
+        scale_strides,
+    );
+    let two = BlockRows::<R>::new(
+        BlockFormat::Mxfp4RowPairs,
+        &pairs[r0 / 2 * 32..],
+        Strides { row: 32, block },
+        &scales[r0..],
+        scale_strides,
+    );
+    (
+        one,
+        if r0 % 2 == 1 {
+            two.from_second_of_pair()
+        } else {
+            two
+        },
+    )
+}
+
+/// Every order and path over rows `r0..r0 + R` against `T` inputs: the pair layout's bits
+/// against the standard layout's.
+fn check<const R: usize, const T: usize>(blocks: usize, r0: usize, seed: u64) {
+    let data = stored(blocks, seed);
+    let (one, two) = rows::<R>(&data, r0);
+    let x: Vec<Vec<f32>> = (0..T as u64)
+        .map(|t| values(seed + 100 + t, blocks * BLOCK))
+        .collect();
+    let xb: Vec<Vec<u16>> = x
+        .iter()
+        .map(|x| {
+            let mut b = Vec::new();
+            round_rows(x, &mut b);
+            b
+        })
+        .collect();
+    let xs: [&[f32]; T] = std::array::from_fn(|t| &x[t][..]);
+    let xbs: [&[u16]; T] = std::array::from_fn(|t| &xb[t][..]);
+    let reduction = Reduction {
+        segment: 3,
+        ..Reduction::whole(0..blocks)
+    };
+    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+        let run = |w: &BlockRows<'_, R>, which: u8| {
+            let mut got: Vec<u32> = Vec::new();
+            let mut push =
+                |_: usize, s: &[[f32; T]; R]| got.extend(s.iter().flatten().map(|v| v.to_bits()));
+            match which {
+                0 => block_sums::<Paired, R, T>(w, &xs, &reduction, kernel, &mut push),
+                1 => block_sums::<Strided, R, T>(w, &xs, &reduction, kernel, &mut push),
+                _ => bf16_block_sums::<R, T>(w, &xbs, &reduction, kernel, &mut push),
+            }
+            got
+        };
+        for which in 0..3 {
+            let want = run(&one, which);
+            assert_eq!(want.len(), R * T * blocks.div_ceil(3));
+            assert_eq!(
+                run(&two, which),
+                want,
+                "{R}x{T} rows from {r0}, order {which}, {kernel:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn row_pairs_give_the_bits_of_the_same_rows_stored_one_by_one() {
+    for (blocks, seed) in [(1, 1), (4, 7), (7, 13)] {
+        check::<8, 1>(blocks, 0, seed);
+        check::<8, 2>(blocks, 0, seed);
+        check::<4, 4>(blocks, 4, seed);
+        check::<3, 1>(blocks, 1, seed);
+        check::<3, 4>(blocks, 5, seed);
+        check::<2, 2>(blocks, 2, seed);
+        check::<1, 1>(blocks, 7, seed);
+        check::<1, 3>(blocks, 6, seed);
+    }
+}
+
+#[test]
+fn a_pair_block_decodes_each_row_in_element_order() {
+    let data = stored(2, 5);
+    let (one, two) = rows::<2>(&data, 2);
+    for r in 0..2 {
+        for b in 0..2 {
+            for lanes in [Lanes::Halves, Lanes::Pairs] {
+                assert_eq!(
+                    one.block(r, b, lanes),
+                    two.block(r, b, lanes),
+                    "row {r} block {b}"
+                );
+            }
+        }
+    }
+    assert!(two.second_of_pair(1) && !two.second_of_pair(0));
+}
