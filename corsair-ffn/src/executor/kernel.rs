@@ -101,16 +101,20 @@ pub fn pack_rows(
             let (d, _, s, _) = block_place(format, rows, blocks, r, b);
             let block = &data[b * bb..(b + 1) * bb];
             if paired {
-                // Element k's nibble into byte k of the pair's block: the low nibble for the
-                // first row (written first, clearing the byte), the high one for the second.
-                let second = r % ROW_GROUP % 2 == 1;
-                for (k, byte) in out_data[d..d + 2 * bb].iter_mut().enumerate() {
-                    let nibble = (block[k / 2] >> (4 * (k % 2))) & 0x0f;
-                    *byte = if second {
-                        *byte & 0x0f | nibble << 4
-                    } else {
-                        nibble
-                    };
+                // Byte j (elements 2j, 2j + 1) into bytes 2j and 2j + 1 of the pair's block:
+                // the low nibbles for the first row (written first, clearing the bytes), the
+                // high ones for the second. (Pairs start at even rows: groups are of 8.)
+                let pair = out_data[d..d + 2 * bb].chunks_exact_mut(2).zip(block);
+                if r % 2 == 1 {
+                    for (two, &byte) in pair {
+                        two[0] = two[0] & 0x0f | byte << 4;
+                        two[1] = two[1] & 0x0f | byte & 0xf0;
+                    }
+                } else {
+                    for (two, &byte) in pair {
+                        two[0] = byte & 0x0f;
+                        two[1] = byte >> 4;
+                    }
                 }
             } else {
                 out_data[d..d + bb].copy_from_slice(block);
