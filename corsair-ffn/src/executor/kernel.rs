@@ -30,9 +30,16 @@ use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES};
 /// (Zen 4) VM, bench_expert's GPT-OSS-20B expert in bf16 (one thread, one token) streamed at
 /// 16.9-17.9 GB/s without the software prefetch against 14.4-15.8 with it (bf16 inputs; f32
 /// inputs 14.6-15.9 against 12.1-12.5), both builds alternated 3 times. MXFP4 tiles, decoded
-/// in registers and read more slowly, kept it: without, their f32-input call took 1.40-1.61
-/// against 1.37-1.51 ms. From two tokens on either way was within the noise.
+/// in registers and read more slowly, kept a prefetch (without, their f32-input call took
+/// 1.40-1.61 against 1.37-1.51 ms), since the row pairs at [`MXFP4_ONE_TOKEN_PREFETCH_BYTES`].
+/// From two tokens on either way was within the noise.
 const PREFETCH_BYTES: usize = 8192;
+
+/// The prefetch distance for one token over an MXFP4 tile (row pairs, a shorter decode): the
+/// same bench_expert expert (bf16 inputs, one thread), the distances taken in turn in one run,
+/// took 0.85-0.90 ms a call at 2 KB against 0.92-0.99 at 8 KB, 0.89-0.96 at 4 KB and 0.94-1.08
+/// without (three runs); with two such processes at once, 0.91-0.98 against 1.03-1.05.
+const MXFP4_ONE_TOKEN_PREFETCH_BYTES: usize = 2048;
 
 /// Rows per group in tile storage.
 pub const ROW_GROUP: usize = 8;
@@ -213,7 +220,9 @@ pub fn tile_partials(
         out.len() >= tokens * tile.rows * tile.segments(),
         "tile output too short"
     );
-    let prefetch = if tokens > 1 || tile.format.has_scales() {
+    let prefetch = if tokens == 1 && tile.format == TileFormat::Mxfp4 {
+        MXFP4_ONE_TOKEN_PREFETCH_BYTES
+    } else if tokens > 1 || tile.format.has_scales() {
         PREFETCH_BYTES
     } else {
         0
