@@ -30,9 +30,9 @@ use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES};
 /// (Zen 4) VM, bench_expert's GPT-OSS-20B expert in bf16 (one thread, one token) streamed at
 /// 16.9-17.9 GB/s without the software prefetch against 14.4-15.8 with it (bf16 inputs; f32
 /// inputs 14.6-15.9 against 12.1-12.5), both builds alternated 3 times. MXFP4 tiles, decoded
-/// in registers and read more slowly, kept a prefetch (without, their f32-input call took
-/// 1.40-1.61 against 1.37-1.51 ms), since the row pairs at [`MXFP4_ONE_TOKEN_PREFETCH_BYTES`].
-/// From two tokens on either way was within the noise.
+/// in registers and read more slowly, keep a prefetch (without, their f32-input call took
+/// 1.40-1.61 against 1.37-1.51 ms); for one token, since their decode got shorter, at
+/// [`MXFP4_ONE_TOKEN_PREFETCH_BYTES`]. From two tokens on either way was within the noise.
 const PREFETCH_BYTES: usize = 8192;
 
 /// The prefetch distance for one token over an MXFP4 tile (row pairs, a shorter decode): the
