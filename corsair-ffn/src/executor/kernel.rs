@@ -324,17 +324,16 @@ impl BlockJob for Partials<'_, '_> {
         // pair of strides apart (a pair's block holds two rows).
         let (data, data_stride, scale, scale_stride) =
             block_place(tile.format, tile.rows, nb, r0, 0);
-        let bb = block_bytes(tile.format);
-        let (format, row_stride) = if paired {
-            (BlockFormat::Mxfp4RowPairs, 2 * bb)
+        let format = if paired {
+            BlockFormat::Mxfp4RowPairs
         } else {
-            (tile.format.block_format(), bb)
+            tile.format.block_format()
         };
         let rows = BlockRows::<R>::new(
             format,
             &tile.data[data..],
             Strides {
-                row: row_stride,
+                row: format.unit_bytes(),
                 block: data_stride,
             },
             &tile.scales[scale.min(tile.scales.len())..],
@@ -343,7 +342,8 @@ impl BlockJob for Partials<'_, '_> {
                 block: scale_stride,
             },
         );
-        let rows = if paired && (r0 % ROW_GROUP) % 2 == 1 {
+        // Pairs start at even rows (groups are of 8).
+        let rows = if paired && r0 % 2 == 1 {
             rows.from_second_of_pair()
         } else {
             rows

@@ -7,6 +7,7 @@
 //! fused multiply-add or as a separate multiply and add as the order says, lanes folded by
 //! [`super::fold_lanes`]'s tree in registers.
 
+use super::block::pair_place;
 use super::{BLOCK, BlockFormat, BlockRows, LANES, Reduction, Sink, SumOrder};
 use crate::mxfp4::{self, ScaledFp4};
 use std::arch::x86_64::*;
@@ -21,6 +22,16 @@ pub(super) const MXFP4_PAIRS: u8 = 5;
 /// [`BlockFormat::Mxfp4RowPairs`] rows whose row 0 is the second of its pair.
 pub(super) const MXFP4_PAIRS_SECOND: u8 = 6;
 
+/// Where row 0 of rows in format `F` sits in its pair (see [`super::block::pair_place`]):
+/// `None` for formats not stored in pairs.
+const fn pair_offset<const F: u8>() -> Option<usize> {
+    match F {
+        MXFP4_PAIRS => Some(0),
+        MXFP4_PAIRS_SECOND => Some(1),
+        _ => None,
+    }
+}
+
 /// Byte offset of block `b` of row `r` of rows in format `F`: [`BlockRows::data_at`] with the
 /// format known when compiling, so the unrolled rows' offsets are constants.
 #[inline(always)]
@@ -29,10 +40,9 @@ pub(super) fn data_at<const F: u8, const R: usize>(
     r: usize,
     b: usize,
 ) -> usize {
-    let unit = match F {
-        MXFP4_PAIRS => r / 2,
-        MXFP4_PAIRS_SECOND => r.div_ceil(2),
-        _ => r,
+    let unit = match pair_offset::<F>() {
+        Some(offset) => pair_place(r, offset).0,
+        None => r,
     };
     unit * w.data_strides.row + b * w.data_strides.block
 }
@@ -40,10 +50,9 @@ pub(super) fn data_at<const F: u8, const R: usize>(
 /// Whether row `r` of rows in format `F` is the second of its pair (its high nibbles).
 #[inline(always)]
 pub(super) const fn second_of_pair<const F: u8>(r: usize) -> bool {
-    match F {
-        MXFP4_PAIRS => r % 2 == 1,
-        MXFP4_PAIRS_SECOND => r.is_multiple_of(2),
-        _ => false,
+    match pair_offset::<F>() {
+        Some(offset) => pair_place(r, offset).1,
+        None => false,
     }
 }
 

@@ -126,6 +126,14 @@ pub fn decode_block(
     }
 }
 
+/// Row `r` of [`BlockFormat::Mxfp4RowPairs`] rows whose row 0 is at `pair_offset` (0 or 1) in
+/// its pair: which pair it is in, counted from row 0's, and whether it is that pair's second.
+#[inline(always)]
+pub(super) const fn pair_place(r: usize, pair_offset: usize) -> (usize, bool) {
+    let q = r + pair_offset;
+    (q / 2, q % 2 == 1)
+}
+
 /// Where the blocks of a set of rows lie: `row` bytes from one row's block to the next row's
 /// same block, `block` bytes from one block of a row to its next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,7 +260,7 @@ impl<'a, const R: usize> BlockRows<'a, R> {
     #[inline(always)]
     pub(super) fn data_at(&self, r: usize, b: usize) -> usize {
         let unit = if self.format == BlockFormat::Mxfp4RowPairs {
-            (r + self.pair_offset) / 2
+            pair_place(r, self.pair_offset).0
         } else {
             r
         };
@@ -262,7 +270,7 @@ impl<'a, const R: usize> BlockRows<'a, R> {
     /// Whether row `r` is the second of its pair ([`BlockFormat::Mxfp4RowPairs`]).
     #[inline(always)]
     pub(super) fn second_of_pair(&self, r: usize) -> bool {
-        (r + self.pair_offset) % 2 == 1
+        pair_place(r, self.pair_offset).1
     }
 
     /// Byte offset of the scale of block `b` of row `r` in `scales`.
