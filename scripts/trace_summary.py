@@ -5,7 +5,8 @@ Per layer and step, from the node's spans and the cards' messages (one clock):
   - the node's attention, dispatch and wait+combine (medians over layers);
   - the cards' compute time added up, and the span from the first card message landing to the
     last one's reply: their ratio is how many cards computed at a time on average;
-  - how long messages waited for a CPU turn;
+  - how long messages waited for a CPU turn, and how much of a message's compute span its worker
+    spent on a CPU (traces from afd versions that record it);
   - the LM head's node span and the cards' compute for it.
 
 Usage: scripts/trace_summary.py TRACE.json [--skip-steps N]   (standard library only)
@@ -37,7 +38,7 @@ def main():
         a = e["args"]
         if a["step"] >= first_step:
             groups[(a["step"], e["name"].split(" ", 1)[1], a["micro_batch"])].append(e)
-    busy, span, waits, lm_busy, per_msg = [], [], [], [], []
+    busy, span, waits, lm_busy, per_msg, per_cpu, preempted, blocked = [], [], [], [], [], [], [], []
     for (step, what, mb), evs in groups.items():
         compute = [e for e in evs if e["cat"] == "compute"]
         wait = [e for e in evs if e["cat"] == "wait"]
@@ -51,6 +52,9 @@ def main():
         span.append((end - start) / 1000)
         waits += [e["dur"] / 1000 for e in wait]
         per_msg += [e["dur"] / 1000 for e in compute]
+        per_cpu += [e["args"]["cpu_ms"] for e in compute if "cpu_ms" in e["args"]]
+        preempted += [e["args"]["preempted"] for e in compute if "preempted" in e["args"]]
+        blocked += [e["args"]["blocked"] for e in compute if "blocked" in e["args"]]
     med = statistics.median
     print(f"node (medians over layers): " + ", ".join(f"{k} {med(v):.2f} ms" for k, v in sorted(node.items())))
     if busy:
@@ -59,6 +63,10 @@ def main():
               f"{med(busy) / med(span):.2f} cards at a time")
         print(f"  a message computes {med(per_msg):.2f} ms and waits {med(waits):.2f} ms for its turn "
               f"(mean {statistics.mean(waits):.2f})")
+        if per_cpu:
+            print(f"  on its worker's CPU a message computes {med(per_cpu):.2f} ms (median; "
+                  f"{statistics.mean(per_cpu):.2f} mean against {statistics.mean(per_msg):.2f} ms of wall time), "
+                  f"preempted {statistics.mean(preempted):.2f} and blocked {statistics.mean(blocked):.2f} times on average")
     if lm_busy:
         print(f"  LM head: cards' compute added up {med(lm_busy):.1f} ms a step")
 

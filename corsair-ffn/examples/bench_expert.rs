@@ -5,10 +5,12 @@
 //! counts, on the rayon pool (set `RAYON_NUM_THREADS=1` to compare with one card thread).
 //!
 //! `cargo run --release -p corsair-ffn --example bench_expert [-- --seconds S] [--format mxfp4|bf16]
-//! [--tokens N] [--threads N] [--activations f32|bf16]`
+//! [--tokens N] [--threads N] [--activations f32|bf16] [--experts N] [--kernel-only]`
 //!
-//! Calls cycle over several experts so the working set is larger than the last-level cache:
-//! every call streams one expert's weights from DRAM, as decoding does.
+//! Calls cycle over several experts (6 MXFP4 or 3 bf16 ones, or `--experts N`) so the working
+//! set is larger than the last-level cache: every call streams one expert's weights from DRAM,
+//! as decoding does. `--kernel-only` times the executor alone (no memcpy, no reference), for
+//! runs of two processes side by side or under a profiler.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -111,7 +113,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "vs Nt",
         "GFLOP/s"
     );
+    let kernel_only = args.iter().any(|a| a == "--kernel-only");
+    let only_experts: Option<usize> = flag("--experts").map(|v| v.parse()).transpose()?;
     for (format, experts) in [(WeightFormat::Mxfp4, 6usize), (WeightFormat::Bf16, 3usize)] {
+        let experts = only_experts.unwrap_or(experts);
         let name = format!("{format:?}").to_lowercase();
         if only_format.as_deref().is_some_and(|f| f != name) {
             continue;
@@ -197,18 +202,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let (mut k, mut c1, mut cn) = (Vec::new(), Vec::new(), Vec::new());
                 let start = Instant::now();
                 while start.elapsed().as_secs_f64() < seconds || k.len() < 5 {
-                    c1.push(
-                        (0..experts)
-                            .map(|e| timed(|| memcpy(&sources[e], &mut dst, 1)))
-                            .sum::<f64>()
-                            / experts as f64,
-                    );
-                    cn.push(
-                        (0..experts)
-                            .map(|e| timed(|| memcpy(&sources[e], &mut dst, threads)))
-                            .sum::<f64>()
-                            / experts as f64,
-                    );
+                    if kernel_only {
+                        c1.push(f64::NAN);
+                        cn.push(f64::NAN);
+                    } else {
+                        c1.push(
+                            (0..experts)
+                                .map(|e| timed(|| memcpy(&sources[e], &mut dst, 1)))
+                                .sum::<f64>()
+                                / experts as f64,
+                        );
+                        cn.push(
+                            (0..experts)
+                                .map(|e| timed(|| memcpy(&sources[e], &mut dst, threads)))
+                                .sum::<f64>()
+                                / experts as f64,
+                        );
+                    }
                     k.push((0..experts).map(|e| timed(|| call(e))).sum::<f64>() / experts as f64);
                 }
                 let ratio = |c: &[f64]| median(c.iter().zip(&k).map(|(c, k)| c / k).collect());
@@ -225,6 +235,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     100.0 * rn,
                 );
             }
+        }
+        if kernel_only {
+            continue;
         }
         // The reference forward's kernels (model crate, rayon pool) on the same experts.
         let act = cfg.moe.map(|m| m.activation).ok_or("no MoE spec")?;

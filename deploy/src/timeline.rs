@@ -1,5 +1,6 @@
 //! One Chrome trace of a run: the attention node's per-layer spans and, beside them, each
-//! embedded card's messages (waiting for a CPU turn, then computing), on one clock.
+//! embedded card's messages (waiting for a CPU turn, then computing, with the worker's CPU
+//! time), on one clock.
 
 use std::time::Instant;
 
@@ -11,7 +12,8 @@ use serde_json::{Value, json};
 /// Chrome trace-event JSON: the node's `spans` (process 1, a track per micro-batch) and the
 /// cards' (process 2, a track per card), both in microseconds since `origin` (the node's
 /// [`gpu_attention::node::DisaggregatedNode::trace_origin`]). A card span becomes two events:
-/// `wait` from landing to its turn, `compute` from there to its reply.
+/// `wait` from landing to its turn, `compute` from there to its reply (its args carry the
+/// worker's CPU time, `cpu_ms`, and its context switches, `preempted` and `blocked`).
 pub fn run_trace(spans: &[Span], origin: Instant, cards: &[CardSpan]) -> Value {
     let mut trace = chrome_trace(spans);
     let us = |t: Instant| t.saturating_duration_since(origin).as_secs_f64() * 1e6;
@@ -33,9 +35,14 @@ pub fn run_trace(spans: &[Span], origin: Instant, cards: &[CardSpan]) -> Value {
             format!("L{}", c.layer)
         };
         let args = json!({"step": c.step, "micro_batch": c.micro_batch});
-        for (name, from, to) in [
-            ("wait", c.landed, c.started),
-            ("compute", c.started, c.ended),
+        // The compute span also says how much of it the worker spent on a CPU.
+        let mut compute_args = args.clone();
+        compute_args["cpu_ms"] = json!(c.thread.cpu_us as f64 / 1e3);
+        compute_args["preempted"] = json!(c.thread.involuntary_switches);
+        compute_args["blocked"] = json!(c.thread.voluntary_switches);
+        for (name, from, to, args) in [
+            ("wait", c.landed, c.started, &args),
+            ("compute", c.started, c.ended, &compute_args),
         ] {
             events.push(json!({
                 "name": format!("{name} {what}"), "cat": name, "ph": "X",
@@ -75,6 +82,11 @@ mod tests {
             landed: at(2),
             started: at(3),
             ended: at(7),
+            thread: corsair_ffn::service::ThreadUsage {
+                cpu_us: 2500,
+                voluntary_switches: 1,
+                involuntary_switches: 3,
+            },
         };
         let lm = CardSpan {
             layer: LM_HEAD_LAYER,
@@ -100,6 +112,10 @@ mod tests {
         assert_eq!(compute["ts"].as_f64(), Some(3000.0));
         assert_eq!(compute["dur"].as_f64(), Some(4000.0));
         assert_eq!(compute["args"]["step"], 9);
+        assert_eq!(compute["args"]["cpu_ms"].as_f64(), Some(2.5));
+        assert_eq!(compute["args"]["preempted"], 3);
+        assert_eq!(compute["args"]["blocked"], 1);
+        assert!(wait["args"].get("cpu_ms").is_none());
         assert_eq!(find("compute lm-head")["dur"].as_f64(), Some(4000.0));
         // One name per card track, however many spans it has.
         let names = events.iter().filter(|e| e["name"] == "thread_name").count();

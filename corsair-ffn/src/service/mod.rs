@@ -12,7 +12,7 @@ mod spans;
 mod worker;
 
 pub use cpu_turns::CpuTurns;
-pub use spans::CardSpan;
+pub use spans::{CardSpan, ThreadUsage};
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};

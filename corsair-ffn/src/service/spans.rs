@@ -25,6 +25,62 @@ pub struct CardSpan {
     pub started: Instant,
     /// When its reply was computed.
     pub ended: Instant,
+    /// The worker thread's CPU time and context switches from `started` to `ended`: a compute
+    /// span much longer than its CPU time was spent off the CPU (preempted or descheduled).
+    pub thread: ThreadUsage,
+}
+
+/// CPU time and context switches of the calling thread (`getrusage(RUSAGE_THREAD)`), or the
+/// difference of two readings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ThreadUsage {
+    /// User plus system CPU time, in microseconds.
+    pub cpu_us: u64,
+    /// Times the thread gave up its CPU by blocking.
+    pub voluntary_switches: u64,
+    /// Times the scheduler took its CPU away.
+    pub involuntary_switches: u64,
+}
+
+impl ThreadUsage {
+    /// The calling thread's usage so far (zeros where the OS cannot say).
+    pub fn now() -> Self {
+        // SAFETY: `getrusage` writes one `rusage` into the zeroed value it is given.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
+            return Self::default();
+        }
+        // The thread's CPU clock is exact; rusage's user and system times are tick samples.
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `clock_gettime` writes one `timespec` into the value it is given.
+        let cpu_us = if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0
+        {
+            ts.tv_sec.max(0) as u64 * 1_000_000 + ts.tv_nsec.max(0) as u64 / 1_000
+        } else {
+            0
+        };
+        ThreadUsage {
+            cpu_us,
+            voluntary_switches: ru.ru_nvcsw.max(0) as u64,
+            involuntary_switches: ru.ru_nivcsw.max(0) as u64,
+        }
+    }
+
+    /// What was used between `earlier` and `self`.
+    pub fn since(self, earlier: Self) -> Self {
+        ThreadUsage {
+            cpu_us: self.cpu_us.saturating_sub(earlier.cpu_us),
+            voluntary_switches: self
+                .voluntary_switches
+                .saturating_sub(earlier.voluntary_switches),
+            involuntary_switches: self
+                .involuntary_switches
+                .saturating_sub(earlier.involuntary_switches),
+        }
+    }
 }
 
 /// A card host's spans, recorded by its workers while tracing is on.

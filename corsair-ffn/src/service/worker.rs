@@ -10,7 +10,7 @@ use jetstream::{Region, RegionDescriptor, Transport, WriteRequest};
 use proto::data::{self, Candidate, Immediate, Kind, LM_HEAD_LAYER, MessageMeta, Proposal};
 
 use super::cpu_turns::TurnMember;
-use super::spans::{CardSpan, SpanLog};
+use super::spans::{CardSpan, SpanLog, ThreadUsage};
 use super::{Shard, timed};
 use crate::executor::Slot;
 use crate::lm_head::{LmProposal, RowSampling};
@@ -67,7 +67,10 @@ impl Worker {
                 _ => None,
             };
             // Only a traced run reads the clock for its spans.
-            let started = self.spans.as_ref().map(|_| Instant::now());
+            let started = self
+                .spans
+                .as_ref()
+                .map(|_| (Instant::now(), ThreadUsage::now()));
             // Decode under the view, then release it before computing so the other
             // micro-batch's message can land meanwhile.
             let decoded = match self.inbox.read_blocking(completion.range()) {
@@ -89,8 +92,9 @@ impl Worker {
                     layer: immediate.layer,
                     micro_batch: immediate.micro_batch,
                     landed: completion.landed,
-                    started,
+                    started: started.0,
                     ended: Instant::now(),
+                    thread: ThreadUsage::now().since(started.1),
                 });
             }
             let bytes = match reply {

@@ -55,8 +55,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     ignore_eos: bool,
     /// Write a Chrome trace of the attention node's per-layer spans and, beside them, each
-    /// card's messages (waiting for a CPU turn, computing) to this file (with --cards; open
-    /// it in chrome://tracing or ui.perfetto.dev).
+    /// card's messages (waiting for a CPU turn, computing, with the worker's CPU time) to this
+    /// file (with --cards; open it in chrome://tracing or ui.perfetto.dev).
     #[arg(long, conflicts_with = "reference")]
     trace: Option<PathBuf>,
     #[command(flatten)]
