@@ -1,12 +1,13 @@
 //! The hot kernel alone: one 32-row tile of GPT-OSS-20B's expert width (2880), MXFP4 and bf16,
 //! at 1, 4 and 32 tokens (decode, an expert's share of a decode batch, a prompt chunk), AVX-512
-//! and portable paths (throughput in weight bytes).
+//! and portable paths (throughput in weight bytes), segments folded as the executor does for
+//! such a tile.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 use corsair_ffn::Span;
 use corsair_ffn::executor::kernel::{
-    KernelChoice, TileInput, TileView, pack_rows, pair_order, tile_partials,
+    KernelChoice, PartialsLayout, TileInput, TileView, pack_rows, pair_order, tile_partials,
 };
 use corsair_ffn::format::{TileFormat, encode_row};
 use corsair_ffn::numerics::padded;
@@ -15,6 +16,8 @@ use model::weights::WeightFormat;
 
 const ROWS: usize = 32;
 const COLS: usize = 2880;
+/// The tile spans the whole reduction, so the executor folds its segments as they come.
+const FOLDED: PartialsLayout = PartialsLayout::Folded;
 
 fn kernel(c: &mut Criterion) {
     let mut group = c.benchmark_group("tile_partials");
@@ -46,7 +49,7 @@ fn kernel(c: &mut Criterion) {
                 let id = BenchmarkId::new(format!("{format}/{kernel:?}"), tokens);
                 group.bench_with_input(id, &tokens, |b, &tokens| {
                     let x = TileInput::Paired(&x);
-                    b.iter(|| tile_partials(&view, x, kp, tokens, &mut out, kernel))
+                    b.iter(|| tile_partials(&view, x, kp, tokens, &mut out, FOLDED, kernel))
                 });
             }
             if matches!(format, TileFormat::Bf16 | TileFormat::Mxfp4) {
@@ -54,7 +57,9 @@ fn kernel(c: &mut Criterion) {
                 let id = BenchmarkId::new(format!("{format}/bf16-activations"), tokens);
                 group.bench_with_input(id, &tokens, |b, &tokens| {
                     let x = TileInput::Bf16(&xb);
-                    b.iter(|| tile_partials(&view, x, kp, tokens, &mut out, KernelChoice::Auto))
+                    b.iter(|| {
+                        tile_partials(&view, x, kp, tokens, &mut out, FOLDED, KernelChoice::Auto)
+                    })
                 });
             }
         }

@@ -206,18 +206,41 @@ impl TileInput<'_> {
     }
 }
 
-/// Segment partials of `tile` for `tokens` input rows: row `t` of the input starts at
-/// `x[t * x_stride]` (at the tile's first column). `out[t * rows * segs + r * segs + s]`.
+/// What a tile's output holds for each row and token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartialsLayout {
+    /// Each segment's sum: `out[t * rows * segs + r * segs + s]`.
+    Segments,
+    /// The segments' sums added up in segment order, `((s0 + s1) + s2) + ...`, the additions a
+    /// reduce over [`PartialsLayout::Segments`] makes: `out[t * rows + r]`. For a tile that
+    /// spans the whole reduction, so that no other tile's partials come before its own.
+    Folded,
+}
+
+impl PartialsLayout {
+    /// Floats a row keeps for each token when the tile has `segments` segments.
+    pub fn per_row(self, segments: usize) -> usize {
+        match self {
+            PartialsLayout::Segments => segments,
+            PartialsLayout::Folded => 1,
+        }
+    }
+}
+
+/// Segment partials of `tile` for `tokens` input rows, laid out as `layout` says: row `t` of
+/// the input starts at `x[t * x_stride]` (at the tile's first column).
 pub fn tile_partials(
     tile: &TileView<'_>,
     x: TileInput<'_>,
     x_stride: usize,
     tokens: usize,
     out: &mut [f32],
+    layout: PartialsLayout,
     kernel: KernelChoice,
 ) {
+    let per_row = layout.per_row(tile.segments());
     assert!(
-        out.len() >= tokens * tile.rows * tile.segments(),
+        out.len() >= tokens * tile.rows * per_row,
         "tile output too short"
     );
     let prefetch = if tokens == 1 && tile.format == TileFormat::Mxfp4 {
@@ -241,6 +264,8 @@ pub fn tile_partials(
         x,
         x_stride,
         out,
+        per_row,
+        folded: layout == PartialsLayout::Folded,
         kernel,
         prefetch,
     };
@@ -302,6 +327,10 @@ struct Partials<'a, 'b> {
     x: TileInput<'a>,
     x_stride: usize,
     out: &'a mut [f32],
+    /// Floats of `out` a row has for each token (see [`PartialsLayout::per_row`]).
+    per_row: usize,
+    /// Whether segments are added up as they come ([`PartialsLayout::Folded`]).
+    folded: bool,
     kernel: KernelChoice,
     /// Bytes the first token block over each row group prefetches ahead (0: none).
     prefetch: usize,
@@ -319,7 +348,7 @@ impl BlockJob for Partials<'_, '_> {
             }
             return;
         }
-        let (nb, ns) = (tile.blocks(), tile.segments());
+        let nb = tile.blocks();
         // Rows of one register block share a row group: their blocks lie side by side, one
         // pair of strides apart (a pair's block holds two rows).
         let (data, data_stride, scale, scale_stride) =
@@ -355,11 +384,13 @@ impl BlockJob for Partials<'_, '_> {
             segment: BLOCKS_PER_SEGMENT,
             ..Reduction::whole(0..nb)
         };
+        let per_row = self.per_row;
         let emit = TilePartials {
             out: &mut *self.out,
-            first: t0 * tile.rows * ns + r0 * ns,
-            token_stride: tile.rows * ns,
-            row_stride: ns,
+            first: t0 * tile.rows * per_row + r0 * per_row,
+            token_stride: tile.rows * per_row,
+            row_stride: per_row,
+            folded: self.folded,
         };
         let at = |t: usize| (t0 + t) * self.x_stride;
         match self.x {
@@ -382,6 +413,9 @@ struct TilePartials<'a> {
     first: usize,
     token_stride: usize,
     row_stride: usize,
+    /// One float a row and token: segment `s > 0` adds to what segments `0..s` left there
+    /// (kernels hand segments over in ascending order).
+    folded: bool,
 }
 
 impl<const R: usize, const T: usize> Sink<R, T> for TilePartials<'_> {
@@ -389,7 +423,14 @@ impl<const R: usize, const T: usize> Sink<R, T> for TilePartials<'_> {
     fn segment(&mut self, s: usize, sums: &[[f32; T]; R]) {
         for (r, sums) in sums.iter().enumerate() {
             for (t, q) in sums.iter().enumerate() {
-                self.out[self.first + t * self.token_stride + r * self.row_stride + s] = *q;
+                let at = self.first + t * self.token_stride + r * self.row_stride;
+                if !self.folded {
+                    self.out[at + s] = *q;
+                } else if s == 0 {
+                    self.out[at] = *q;
+                } else {
+                    self.out[at] += *q;
+                }
             }
         }
     }
@@ -443,7 +484,15 @@ mod tests {
                 pair_order(&e, &mut x);
                 for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
                     let mut out = vec![0f32; rows];
-                    tile_partials(&view, TileInput::Paired(&x), kp, 1, &mut out, kernel);
+                    tile_partials(
+                        &view,
+                        TileInput::Paired(&x),
+                        kp,
+                        1,
+                        &mut out,
+                        PartialsLayout::Segments,
+                        kernel,
+                    );
                     for (r, got) in out.iter().enumerate() {
                         let want = card_values(&m, r, Span::new(0, cols), format)[k];
                         // +0.0 + w: a -0.0 weight reads back as +0.0, as the definition says.
@@ -498,7 +547,15 @@ mod tests {
                     for input in inputs {
                         let n = rows * view.segments();
                         let mut together = vec![0f32; tokens * n];
-                        tile_partials(&view, input, kp, tokens, &mut together, KernelChoice::Auto);
+                        tile_partials(
+                            &view,
+                            input,
+                            kp,
+                            tokens,
+                            &mut together,
+                            PartialsLayout::Segments,
+                            KernelChoice::Auto,
+                        );
                         for t in 0..tokens {
                             let mut alone = vec![0f32; n];
                             tile_partials(
@@ -507,6 +564,7 @@ mod tests {
                                 kp,
                                 1,
                                 &mut alone,
+                                PartialsLayout::Segments,
                                 KernelChoice::Auto,
                             );
                             let bits =
@@ -558,6 +616,7 @@ mod tests {
                     kp,
                     tokens,
                     &mut a,
+                    PartialsLayout::Segments,
                     KernelChoice::Auto,
                 );
                 tile_partials(
@@ -566,6 +625,7 @@ mod tests {
                     kp,
                     tokens,
                     &mut b,
+                    PartialsLayout::Segments,
                     KernelChoice::Portable,
                 );
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
@@ -574,6 +634,56 @@ mod tests {
                     bits(&b),
                     "{format}: {rows}x{cols}, {tokens} tokens"
                 );
+            }
+        }
+    }
+
+    /// A folded tile's sums are its segments added up in segment order, to the bit, on both
+    /// paths, with bf16 and f32 inputs, alone and with tokens taken together.
+    #[test]
+    fn folded_partials_add_the_segments_in_order() {
+        for (stored, format) in [
+            (WeightFormat::Bf16, TileFormat::Bf16),
+            (WeightFormat::Mxfp4, TileFormat::Mxfp4),
+            (WeightFormat::F32, TileFormat::F32),
+        ] {
+            // 1 to 5 segments of 512 columns, whole row groups and a group of 5.
+            for (rows, cols, tokens) in [(13, 2080, 1), (21, 1120, 2), (8, 512, 3), (16, 1600, 5)] {
+                let mut rng = SplitMix::new(11, (rows * cols + tokens) as u64);
+                let m = random_matrix(rows, cols, stored, 1.0, &mut rng);
+                let bytes = tile_bytes(&m, format);
+                let view = TileView::new(format, rows, cols, &bytes);
+                let (kp, ns) = (crate::numerics::padded(cols), view.segments());
+                let values: Vec<f32> = (0..tokens * cols).map(|_| rng.symmetric()).collect();
+                let mut paired = vec![0f32; tokens * kp];
+                let mut rounded = vec![0u16; tokens * kp];
+                for t in 0..tokens {
+                    let row = &values[t * cols..(t + 1) * cols];
+                    pair_order(row, &mut paired[t * kp..(t + 1) * kp]);
+                    for (d, &v) in rounded[t * kp..].iter_mut().zip(row) {
+                        *d = model::kernels::round_bf16(v);
+                    }
+                }
+                let mut inputs = vec![TileInput::Paired(&paired)];
+                if format != TileFormat::F32 {
+                    inputs.push(TileInput::Bf16(&rounded));
+                }
+                for input in inputs {
+                    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+                        let mut segs = vec![0f32; tokens * rows * ns];
+                        let layout = PartialsLayout::Segments;
+                        tile_partials(&view, input, kp, tokens, &mut segs, layout, kernel);
+                        let mut folded = vec![f32::NAN; tokens * rows];
+                        let layout = PartialsLayout::Folded;
+                        tile_partials(&view, input, kp, tokens, &mut folded, layout, kernel);
+                        let want: Vec<u32> = segs
+                            .chunks_exact(ns)
+                            .map(|s| s[1..].iter().fold(s[0], |v, q| v + q).to_bits())
+                            .collect();
+                        let got: Vec<u32> = folded.iter().map(|f| f.to_bits()).collect();
+                        assert_eq!(got, want, "{format}: {rows}x{cols}, {tokens} tokens");
+                    }
+                }
             }
         }
     }

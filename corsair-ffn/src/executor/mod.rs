@@ -15,11 +15,11 @@ use crate::assignment::Span;
 use crate::error::{Error, Result};
 use crate::lm_head::{CandidateOptions, LmProposal, RowSampling, propose};
 use crate::numerics::padded;
-use crate::program::{Op, OutLayout, Program, RegionId, RowCount};
+use crate::program::{Matrix, Op, OutLayout, Program, RegionId, RowCount, Tile};
 use crate::weights::BoundMemory;
 use arena::{Arena, f32s, f32s_mut};
 pub use kernel::KernelChoice;
-use kernel::{TileInput, TileView, pair_order, tile_partials};
+use kernel::{PartialsLayout, TileInput, TileView, pair_order, tile_partials};
 use model::kernels::{ActivationDtype, round_bf16};
 
 /// One routing slot of a token: a local expert and its weight, or [`Slot::EMPTY`].
@@ -391,7 +391,8 @@ impl Executor {
             }
             .ok_or_else(|| Error::Weights(format!("{}: tile {} is not bound", m.name, run.tile)))?;
             let off = run.partial_offset as usize / 4;
-            let len = max * t.rows.len() * t.segments.len();
+            let layout = partials_layout(m, t);
+            let len = max * t.rows.len() * layout.per_row(t.segments.len());
             if off < at {
                 return Err(Error::Request(format!("{}: tile partials overlap", m.name)));
             }
@@ -403,6 +404,7 @@ impl Executor {
                 TileView::new(m.format, t.rows.len(), cols.len(), w),
                 cols.start,
                 chunk,
+                layout,
             ));
         }
         let input = if bf16 {
@@ -411,8 +413,8 @@ impl Executor {
             TileInput::Paired(&self.xp)
         };
         let kernel = self.kernel;
-        let job = |(view, c0, chunk): (TileView<'_>, usize, &mut [f32])| {
-            tile_partials(&view, input.skip(c0), kp, r, chunk, kernel)
+        let job = |(view, c0, chunk, layout): (TileView<'_>, usize, &mut [f32], PartialsLayout)| {
+            tile_partials(&view, input.skip(c0), kp, r, chunk, layout, kernel)
         };
         match &self.pool {
             Some(pool) => pool.install(|| jobs.into_par_iter().for_each(job)),
@@ -467,7 +469,8 @@ impl Executor {
             for (t, acc) in acc.chunks_exact_mut(stride).enumerate() {
                 let acc = &mut acc[..band.len()];
                 for (i, run) in tiles[k..end].iter().enumerate() {
-                    let ns = m.tiles[run.tile as usize].segments.len();
+                    let tile = &m.tiles[run.tile as usize];
+                    let ns = partials_layout(m, tile).per_row(tile.segments.len());
                     let base = run.partial_offset as usize / 4 + t * band.len() * ns;
                     let block = &part[base..base + band.len() * ns];
                     if ns == 1 && i == 0 {
@@ -635,5 +638,16 @@ impl Executor {
         Ok((0..n)
             .flat_map(|t| (0..rows).map(move |v| all[v * n + t]))
             .collect())
+    }
+}
+
+/// How tile `t`'s partials are kept: a tile spanning the whole reduction adds its segments up
+/// as the kernel makes them (one float a row instead of one a segment, and no pass over them
+/// in `reduce`), with the same additions in the same order.
+fn partials_layout(m: &Matrix, t: &Tile) -> PartialsLayout {
+    if m.tile_folds_segments(t) {
+        PartialsLayout::Folded
+    } else {
+        PartialsLayout::Segments
     }
 }

@@ -206,6 +206,12 @@ impl Matrix {
         )
     }
 
+    /// Whether tile `t` spans the whole reduction, so that it alone makes its rows' sums: the
+    /// executor then adds its segments up as they are computed and keeps one partial a row.
+    pub fn tile_folds_segments(&self, t: &Tile) -> bool {
+        t.segments.start == 0 && self.columns(t.segments).end >= self.cols
+    }
+
     /// Bytes of tile `t` (data then scales).
     pub fn tile_bytes(&self, t: &Tile) -> u64 {
         (t.rows.len() * self.format.row_bytes(self.columns(t.segments).len())) as u64
