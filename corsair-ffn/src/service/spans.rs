@@ -30,11 +30,10 @@ pub struct CardSpan {
     pub thread: ThreadUsage,
 }
 
-/// CPU time and context switches of the calling thread (`getrusage(RUSAGE_THREAD)`), or the
-/// difference of two readings.
+/// CPU time and context switches of the calling thread, or the difference of two readings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ThreadUsage {
-    /// User plus system CPU time, in microseconds.
+    /// CPU time, user and system, in microseconds (the thread's CPU clock).
     pub cpu_us: u64,
     /// Times the thread gave up its CPU by blocking.
     pub voluntary_switches: u64,
@@ -43,14 +42,11 @@ pub struct ThreadUsage {
 }
 
 impl ThreadUsage {
-    /// The calling thread's usage so far (zeros where the OS cannot say).
+    /// The calling thread's usage so far: CPU time from `CLOCK_THREAD_CPUTIME_ID` (exact, where
+    /// `getrusage`'s user and system times are tick samples), switches from
+    /// `getrusage(RUSAGE_THREAD)`; zeros where the OS cannot say.
+    #[cfg(target_os = "linux")]
     pub fn now() -> Self {
-        // SAFETY: `getrusage` writes one `rusage` into the zeroed value it is given.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
-            return Self::default();
-        }
-        // The thread's CPU clock is exact; rusage's user and system times are tick samples.
         let mut ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -62,11 +58,25 @@ impl ThreadUsage {
         } else {
             0
         };
+        // SAFETY: `getrusage` writes one `rusage` into the zeroed value it is given.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        let (voluntary, involuntary) =
+            if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } == 0 {
+                (ru.ru_nvcsw.max(0) as u64, ru.ru_nivcsw.max(0) as u64)
+            } else {
+                (0, 0)
+            };
         ThreadUsage {
             cpu_us,
-            voluntary_switches: ru.ru_nvcsw.max(0) as u64,
-            involuntary_switches: ru.ru_nivcsw.max(0) as u64,
+            voluntary_switches: voluntary,
+            involuntary_switches: involuntary,
         }
+    }
+
+    /// Zeros: this OS's per-thread usage is not read.
+    #[cfg(not(target_os = "linux"))]
+    pub fn now() -> Self {
+        Self::default()
     }
 
     /// What was used between `earlier` and `self`.
@@ -100,5 +110,30 @@ impl SpanLog {
     /// The spans recorded so far, leaving the log empty.
     pub fn take(&self) -> Vec<CardSpan> {
         std::mem::take(&mut *self.spans.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread spinning for 20 ms of wall time is charged some CPU time, and never more than
+    /// the wall time that passed.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn thread_usage_counts_cpu_time_within_wall_time() {
+        let (before, wall) = (ThreadUsage::now(), Instant::now());
+        let mut x = 0u64;
+        while wall.elapsed().as_millis() < 20 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let used = ThreadUsage::now().since(before);
+        let elapsed_us = wall.elapsed().as_micros() as u64;
+        assert!(used.cpu_us > 0, "no CPU time read: {used:?}");
+        assert!(
+            used.cpu_us <= elapsed_us + 1_000,
+            "{used:?} is more CPU than the {elapsed_us} us that passed"
+        );
+        assert_eq!(ThreadUsage::default().since(used), ThreadUsage::default());
     }
 }
