@@ -115,6 +115,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let kernel_only = args.iter().any(|a| a == "--kernel-only");
     let only_experts: Option<usize> = flag("--experts").map(|v| v.parse()).transpose()?;
+    if only_experts == Some(0) {
+        return Err("--experts needs at least 1".into());
+    }
     for (format, experts) in [(WeightFormat::Mxfp4, 6usize), (WeightFormat::Bf16, 3usize)] {
         let experts = only_experts.unwrap_or(experts);
         let name = format!("{format:?}").to_lowercase();

@@ -264,8 +264,7 @@ pub fn tile_partials(
         x,
         x_stride,
         out,
-        per_row,
-        folded: layout == PartialsLayout::Folded,
+        layout,
         kernel,
         prefetch,
     };
@@ -327,10 +326,7 @@ struct Partials<'a, 'b> {
     x: TileInput<'a>,
     x_stride: usize,
     out: &'a mut [f32],
-    /// Floats of `out` a row has for each token (see [`PartialsLayout::per_row`]).
-    per_row: usize,
-    /// Whether segments are added up as they come ([`PartialsLayout::Folded`]).
-    folded: bool,
+    layout: PartialsLayout,
     kernel: KernelChoice,
     /// Bytes the first token block over each row group prefetches ahead (0: none).
     prefetch: usize,
@@ -384,13 +380,13 @@ impl BlockJob for Partials<'_, '_> {
             segment: BLOCKS_PER_SEGMENT,
             ..Reduction::whole(0..nb)
         };
-        let per_row = self.per_row;
+        let per_row = self.layout.per_row(tile.segments());
         let emit = TilePartials {
             out: &mut *self.out,
             first: t0 * tile.rows * per_row + r0 * per_row,
             token_stride: tile.rows * per_row,
             row_stride: per_row,
-            folded: self.folded,
+            folded: self.layout == PartialsLayout::Folded,
         };
         let at = |t: usize| (t0 + t) * self.x_stride;
         match self.x {
@@ -443,6 +439,23 @@ mod tests {
     use crate::format::{card_values, encode_row};
     use crate::synthetic::{SplitMix, random_matrix};
     use model::weights::WeightFormat;
+
+    /// `tokens` random input rows of `cols` values, each padded to whole blocks, in the two
+    /// forms the kernel takes: pair-ordered f32 and rounded to bf16.
+    fn random_inputs(tokens: usize, cols: usize, rng: &mut SplitMix) -> (Vec<f32>, Vec<u16>) {
+        let kp = crate::numerics::padded(cols);
+        let values: Vec<f32> = (0..tokens * cols).map(|_| rng.symmetric()).collect();
+        let mut paired = vec![0f32; tokens * kp];
+        let mut rounded = vec![0u16; tokens * kp];
+        for t in 0..tokens {
+            let row = &values[t * cols..(t + 1) * cols];
+            pair_order(row, &mut paired[t * kp..(t + 1) * kp]);
+            for (d, &v) in rounded[t * kp..].iter_mut().zip(row) {
+                *d = model::kernels::round_bf16(v);
+            }
+        }
+        (paired, rounded)
+    }
 
     /// Encodes `m` (all rows, all columns) as one tile in `format`.
     fn tile_bytes(m: &model::WeightMatrix, format: TileFormat) -> Vec<u8> {
@@ -528,16 +541,7 @@ mod tests {
                     let bytes = tile_bytes(&m, format);
                     let view = TileView::new(format, rows, cols, &bytes);
                     let kp = crate::numerics::padded(cols);
-                    let values: Vec<f32> = (0..tokens * cols).map(|_| rng.symmetric()).collect();
-                    let mut paired = vec![0f32; tokens * kp];
-                    let mut rounded = vec![0u16; tokens * kp];
-                    for t in 0..tokens {
-                        let row = &values[t * cols..(t + 1) * cols];
-                        pair_order(row, &mut paired[t * kp..(t + 1) * kp]);
-                        for (d, &v) in rounded[t * kp..].iter_mut().zip(row) {
-                            *d = model::kernels::round_bf16(v);
-                        }
-                    }
+                    let (paired, rounded) = random_inputs(tokens, cols, &mut rng);
                     // bf16 inputs meet bf16 and MXFP4 tiles only.
                     let inputs = if format == TileFormat::F32 {
                         vec![TileInput::Paired(&paired)]
@@ -654,16 +658,7 @@ mod tests {
                 let bytes = tile_bytes(&m, format);
                 let view = TileView::new(format, rows, cols, &bytes);
                 let (kp, ns) = (crate::numerics::padded(cols), view.segments());
-                let values: Vec<f32> = (0..tokens * cols).map(|_| rng.symmetric()).collect();
-                let mut paired = vec![0f32; tokens * kp];
-                let mut rounded = vec![0u16; tokens * kp];
-                for t in 0..tokens {
-                    let row = &values[t * cols..(t + 1) * cols];
-                    pair_order(row, &mut paired[t * kp..(t + 1) * kp]);
-                    for (d, &v) in rounded[t * kp..].iter_mut().zip(row) {
-                        *d = model::kernels::round_bf16(v);
-                    }
-                }
+                let (paired, rounded) = random_inputs(tokens, cols, &mut rng);
                 let mut inputs = vec![TileInput::Paired(&paired)];
                 if format != TileFormat::F32 {
                     inputs.push(TileInput::Bf16(&rounded));
