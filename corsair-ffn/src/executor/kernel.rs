@@ -93,14 +93,27 @@ pub fn pack_rows(
     format: TileFormat,
     rows: usize,
     cols: usize,
-    mut row: impl FnMut(usize, &mut [u8], &mut [u8]),
+    row: impl FnMut(usize, &mut [u8], &mut [u8]),
     out: &mut [u8],
+) {
+    let (data, scales) = out.split_at_mut(rows * format.data_bytes(cols));
+    pack_tile(format, rows, cols, row, data, scales);
+}
+
+/// [`pack_rows`] with the tile's data and scales in two places (the card's host memory keeps
+/// them apart: [`crate::weights::BoundMemory`]).
+pub fn pack_tile(
+    format: TileFormat,
+    rows: usize,
+    cols: usize,
+    mut row: impl FnMut(usize, &mut [u8], &mut [u8]),
+    out_data: &mut [u8],
+    out_scales: &mut [u8],
 ) {
     let (db, sb) = (format.data_bytes(cols), format.scale_bytes(cols));
     let blocks = cols.div_ceil(BLOCK);
     let bb = block_bytes(format);
     let (mut data, mut scales) = (vec![0u8; db], vec![0u8; sb]);
-    let (out_data, out_scales) = out.split_at_mut(rows * db);
     for r in 0..rows {
         row(r, &mut data, &mut scales);
         let paired = in_row_pair(format, rows, r);
@@ -159,6 +172,24 @@ impl<'a> TileView<'a> {
             data,
             scales: &scales[..rows * format.scale_bytes(cols)],
         }
+    }
+
+    /// A view over a tile whose data and scales are stored apart; `None` when either is
+    /// shorter than the tile needs.
+    pub fn from_parts(
+        format: TileFormat,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+        scales: &'a [u8],
+    ) -> Option<Self> {
+        Some(TileView {
+            format,
+            rows,
+            cols,
+            data: data.get(..rows * format.data_bytes(cols))?,
+            scales: scales.get(..rows * format.scale_bytes(cols))?,
+        })
     }
 
     /// Blocks per row.

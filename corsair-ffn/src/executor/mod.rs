@@ -362,50 +362,38 @@ impl Executor {
                 pair_order(src, dst);
             }
         }
-        // Each tile's weights (resident, or streamed into a staging buffer) and its partials.
-        let max = self.program.max_tokens;
+        // Each tile's weights (resident, or streamed into a staging buffer) and its partials,
+        // packed for this call's tokens (see `packed_partials`).
         let total = (self.program.region(*partials).bytes / 4) as usize;
         let pw = Arena::range(&self.program, *partials, 0, total)?;
-        let staging: Option<RegionId> = tiles
-            .iter()
-            .map(|t| t.weights)
-            .find(|&w| !self.program.region(w).kind.is_resident());
         let ([], [part]) = self.arena.split([], [pw])?;
         let mut jobs = Vec::with_capacity(tiles.len());
         let mut rest = f32s_mut(part);
-        let mut at = 0usize;
         for run in tiles {
             let t = &m.tiles[run.tile as usize];
             let cols = m.columns(t.segments);
-            let bytes = m.tile_bytes(t) as usize;
-            let w: &[u8] = if Some(run.weights) == staging {
-                // The tile's own (LPDDR) region holds exactly what `Stream` would have staged.
-                self.memory
-                    .region(&self.program, t.region)
-                    .and_then(|r| r.get(..bytes))
-            } else {
-                let at = run.weights_offset as usize;
-                self.memory
-                    .region(&self.program, run.weights)
-                    .and_then(|r| r.get(at..at + bytes))
+            // Resident or streamed, a tile is read in place from its own region: a streamed
+            // one's region holds exactly what `Stream` would have staged.
+            let view = self
+                .memory
+                .tile(&self.program, t.region)
+                .and_then(|(data, scales)| {
+                    TileView::from_parts(m.format, t.rows.len(), cols.len(), data, scales)
+                })
+                .ok_or_else(|| {
+                    Error::Weights(format!("{}: tile {} is not bound", m.name, run.tile))
+                })?;
+            let len = packed_partials(m, t, r);
+            if len > rest.len() {
+                return Err(Error::Request(format!(
+                    "{}: the tiles' partials need more than their region's {total} floats",
+                    m.name
+                )));
             }
-            .ok_or_else(|| Error::Weights(format!("{}: tile {} is not bound", m.name, run.tile)))?;
-            let off = run.partial_offset as usize / 4;
-            let layout = partials_layout(m, t);
-            let len = max * t.rows.len() * layout.per_row(t.segments.len());
-            if off < at {
-                return Err(Error::Request(format!("{}: tile partials overlap", m.name)));
-            }
-            let (_, tail) = rest.split_at_mut(off - at);
-            let (chunk, tail) = tail.split_at_mut(len);
+            let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(len);
             rest = tail;
-            at = off + len;
-            jobs.push((
-                TileView::new(m.format, t.rows.len(), cols.len(), w),
-                cols.start,
-                chunk,
-                layout,
-            ));
+            let layout = partials_layout(m, t);
+            jobs.push((view, cols.start, chunk, layout));
         }
         let input = if bf16 {
             TileInput::Bf16(&self.xb)
@@ -454,6 +442,20 @@ impl Executor {
         // Tiles are emitted row band by row band, segments ascending within a band. A row's
         // partials add in that order (the first one assigned), then its bias.
         let mut acc: Vec<f32> = Vec::new();
+        // Where each tile's partials start, as `matmul` packed them.
+        let mut firsts = Vec::with_capacity(tiles.len());
+        let mut packed = 0;
+        for run in tiles.iter() {
+            firsts.push(packed);
+            packed += packed_partials(m, &m.tiles[run.tile as usize], r);
+        }
+        if packed > part.len() {
+            return Err(Error::Request(format!(
+                "{}: the tiles' partials need more than their region's {} floats",
+                m.name,
+                part.len()
+            )));
+        }
         let mut k = 0;
         while k < tiles.len() {
             let band = m.tiles[tiles[k].tile as usize].rows;
@@ -471,7 +473,7 @@ impl Executor {
                 for (i, run) in tiles[k..end].iter().enumerate() {
                     let tile = &m.tiles[run.tile as usize];
                     let ns = partials_layout(m, tile).per_row(tile.segments.len());
-                    let base = run.partial_offset as usize / 4 + t * band.len() * ns;
+                    let base = firsts[k + i] + t * band.len() * ns;
                     let block = &part[base..base + band.len() * ns];
                     if ns == 1 && i == 0 {
                         acc.copy_from_slice(block);
@@ -639,6 +641,15 @@ impl Executor {
             .flat_map(|t| (0..rows).map(move |v| all[v * n + t]))
             .collect())
     }
+}
+
+/// Floats of tile `t`'s partials for `tokens` tokens. The host packs the tiles' partials
+/// one after another for the call's tokens, instead of at their card offsets (room for the
+/// program's most tokens each): for one token, GPT-OSS-20B's 270 tiles an expert would
+/// otherwise write 128 bytes into each of 270 pages, a TLB miss each in the kernel and again
+/// in `reduce`.
+fn packed_partials(m: &Matrix, t: &Tile, tokens: usize) -> usize {
+    tokens * t.rows.len() * partials_layout(m, t).per_row(t.segments.len())
 }
 
 /// How tile `t`'s partials are kept: a tile spanning the whole reduction adds its segments up
