@@ -39,10 +39,20 @@ impl AlignedBytes {
         AlignedBytes { words, len }
     }
 
+    /// Where the bytes start in the words (none for an empty buffer, whose words may not
+    /// even be allocated).
+    fn start(bytes: &[u8]) -> usize {
+        if bytes.is_empty() {
+            0
+        } else {
+            bytes.as_ptr().align_offset(64)
+        }
+    }
+
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
         let bytes: &[u8] = bytemuck::cast_slice(&self.words);
-        let at = bytes.as_ptr().align_offset(64);
+        let at = Self::start(bytes);
         &bytes[at..at + self.len]
     }
 
@@ -50,7 +60,7 @@ impl AlignedBytes {
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         let len = self.len;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.words);
-        let at = bytes.as_ptr().align_offset(64);
+        let at = Self::start(bytes);
         &mut bytes[at..at + len]
     }
 
@@ -473,6 +483,8 @@ mod tests {
 
     #[test]
     fn aligned_bytes_start_on_a_cache_line() {
+        assert!(AlignedBytes::default().as_bytes().is_empty());
+        assert!(AlignedBytes::zeroed(0).clone().as_bytes().is_empty());
         for len in [1, 64, 1000, 300 << 10, 5 << 20] {
             let mut b = AlignedBytes::zeroed(len);
             assert_eq!(b.as_bytes().len(), len);
