@@ -175,11 +175,20 @@ enum Piece {
     Bias,
 }
 
+/// A piece of a memory image: where it lies, and whose it is.
+#[derive(Debug, Clone, Copy)]
+struct HostPiece {
+    memory: MemoryKind,
+    at: u64,
+    bytes: u64,
+    matrix: usize,
+    piece: Piece,
+}
+
 /// A piece of a memory image, once cut out.
 type Chunk<'a> = Option<&'a mut [u8]>;
 
 /// The image pieces of one matrix: each tile's data and scales, and the bias.
-#[derive(Default)]
 struct MatrixChunks<'a> {
     tiles: Vec<(Chunk<'a>, Chunk<'a>)>,
     bias: Chunk<'a>,
@@ -205,7 +214,7 @@ pub fn bind(program: &Program, source: &dyn WeightSource) -> Result<BoundMemory>
     // then every tile's scales and every bias in program order, each 64-byte aligned.
     let mut places: Vec<Option<HostPlace>> = vec![None; program.regions.len()];
     let (mut sram_len, mut lpddr_len) = (0u64, 0u64);
-    let mut pieces: Vec<(MemoryKind, u64, u64, usize, Piece)> = Vec::new();
+    let mut pieces: Vec<HostPiece> = Vec::new();
     for scales_pass in [false, true] {
         for (mi, m) in program.matrices.iter().enumerate() {
             let tiles = m.tiles.iter().enumerate().map(|(ti, t)| {
@@ -263,7 +272,13 @@ pub fn bind(program: &Program, source: &dyn WeightSource) -> Result<BoundMemory>
                         (r.bytes, Piece::Bias)
                     }
                 };
-                pieces.push((r.memory, *len, bytes, mi, piece));
+                pieces.push(HostPiece {
+                    memory: r.memory,
+                    at: *len,
+                    bytes,
+                    matrix: mi,
+                    piece,
+                });
                 *len += bytes.next_multiple_of(64);
             }
         }
@@ -294,7 +309,14 @@ pub fn bind(program: &Program, source: &dyn WeightSource) -> Result<BoundMemory>
     for (mem, image) in images {
         let mut rest = image;
         let mut at = 0u64;
-        for &(_, addr, bytes, mi, piece) in pieces.iter().filter(|p| p.0 == mem) {
+        for &HostPiece {
+            at: addr,
+            bytes,
+            matrix: mi,
+            piece,
+            ..
+        } in pieces.iter().filter(|p| p.memory == mem)
+        {
             // Pieces were placed in ascending order, each after the last.
             if addr < at {
                 return Err(Error::Weights(format!(
