@@ -162,16 +162,14 @@ pub struct TileView<'a> {
 }
 
 impl<'a> TileView<'a> {
-    /// A view over the tile bytes `bytes` (data then scales).
+    /// A view over the tile bytes `bytes` (data then scales, as [`pack_rows`] writes them).
+    ///
+    /// # Panics
+    /// When `bytes` is shorter than the tile.
     pub fn new(format: TileFormat, rows: usize, cols: usize, bytes: &'a [u8]) -> Self {
         let (data, scales) = bytes.split_at(rows * format.data_bytes(cols));
-        TileView {
-            format,
-            rows,
-            cols,
-            data,
-            scales: &scales[..rows * format.scale_bytes(cols)],
-        }
+        Self::from_parts(format, rows, cols, data, scales)
+            .expect("tile bytes shorter than the tile")
     }
 
     /// A view over a tile whose data and scales are stored apart; `None` when either is

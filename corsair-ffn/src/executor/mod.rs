@@ -442,20 +442,8 @@ impl Executor {
         // Tiles are emitted row band by row band, segments ascending within a band. A row's
         // partials add in that order (the first one assigned), then its bias.
         let mut acc: Vec<f32> = Vec::new();
-        // Where each tile's partials start, as `matmul` packed them.
-        let mut firsts = Vec::with_capacity(tiles.len());
-        let mut packed = 0;
-        for run in tiles.iter() {
-            firsts.push(packed);
-            packed += packed_partials(m, &m.tiles[run.tile as usize], r);
-        }
-        if packed > part.len() {
-            return Err(Error::Request(format!(
-                "{}: the tiles' partials need more than their region's {} floats",
-                m.name,
-                part.len()
-            )));
-        }
+        // Where the band's first tile's partials start: `matmul` packs them tile by tile.
+        let mut band_first = 0;
         let mut k = 0;
         while k < tiles.len() {
             let band = m.tiles[tiles[k].tile as usize].rows;
@@ -468,13 +456,22 @@ impl Executor {
             let stride = band.len() + 16;
             acc.clear();
             acc.resize(r * stride, 0.0);
+            let mut band_end = band_first;
             for (t, acc) in acc.chunks_exact_mut(stride).enumerate() {
                 let acc = &mut acc[..band.len()];
+                let mut first = band_first;
                 for (i, run) in tiles[k..end].iter().enumerate() {
                     let tile = &m.tiles[run.tile as usize];
                     let ns = partials_layout(m, tile).per_row(tile.segments.len());
-                    let base = firsts[k + i] + t * band.len() * ns;
-                    let block = &part[base..base + band.len() * ns];
+                    let base = first + t * band.len() * ns;
+                    first += packed_partials(m, tile, r);
+                    let block = part.get(base..base + band.len() * ns).ok_or_else(|| {
+                        Error::Request(format!(
+                            "{}: the tiles' partials need more than their region's {} floats",
+                            m.name,
+                            part.len()
+                        ))
+                    })?;
                     if ns == 1 && i == 0 {
                         acc.copy_from_slice(block);
                     } else if ns == 1 {
@@ -496,6 +493,7 @@ impl Executor {
                         .zip(&b[band.start..band.end])
                         .for_each(|(y, b)| *y += b);
                 }
+                band_end = first;
             }
             match layout {
                 OutLayout::TokenMajor => {
@@ -513,6 +511,7 @@ impl Executor {
                     }
                 }
             }
+            band_first = band_end;
             k = end;
         }
         Ok(())
