@@ -45,7 +45,7 @@ fn kernel(c: &mut Criterion) {
             }
             let mut out = vec![0f32; tokens * ROWS * view.segments()];
             group.throughput(Throughput::Bytes(bytes.len() as u64));
-            for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+            for kernel in KernelChoice::ALL {
                 let id = BenchmarkId::new(format!("{format}/{kernel:?}"), tokens);
                 group.bench_with_input(id, &tokens, |b, &tokens| {
                     let x = TileInput::Paired(&x);

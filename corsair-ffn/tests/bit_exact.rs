@@ -58,7 +58,7 @@ fn case() -> impl Strategy<Value = Case> {
         ),
         (
             1usize..4,
-            any::<bool>(),
+            0usize..3,
             1usize..4,
             1usize..9,
             any::<u64>(),
@@ -69,7 +69,7 @@ fn case() -> impl Strategy<Value = Case> {
             |(
                 (h, i, e, k, gpt, dense),
                 (src, choice, rpt, spt),
-                (threads, portable, cards, tokens, seed, cores),
+                (threads, kernel, cards, tokens, seed, cores),
             )| {
                 let source = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::Mxfp4][src];
                 // MXFP4 checkpoints have whole blocks; other formats take any width.
@@ -95,11 +95,7 @@ fn case() -> impl Strategy<Value = Case> {
                     rows_per_tile: rpt,
                     segments_per_tile: spt,
                     threads,
-                    kernel: if portable {
-                        KernelChoice::Portable
-                    } else {
-                        KernelChoice::Auto
-                    },
+                    kernel: KernelChoice::ALL[kernel],
                     cards,
                     cores_per_slice: [1, 4, 32][cores],
                     tokens,

@@ -75,7 +75,8 @@ pub struct ClusterConfig {
     /// Format of expert and dense weights on the cards.
     pub weight_format: FormatChoice,
     /// What matrix products round their inputs to, on the cards and the attention nodes
-    /// (bf16: bf16 and MXFP4 weights take AVX-512 BF16 dot products). Default f32 (exact).
+    /// (bf16: bf16 and MXFP4 weights take bf16 dot products, AVX-512 BF16 where the CPU has
+    /// it). Default f32 (exact).
     pub activation_dtype: ActivationDtype,
     /// Let weights that do not fit in SRAM stream from LPDDR.
     pub allow_spill: bool,

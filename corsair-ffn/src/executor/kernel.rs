@@ -4,7 +4,7 @@
 //!
 //! Inputs are "pair-ordered": within each 32-element block, the 16 even elements then the 16
 //! odd ones ([`pair_order`]), so lane `l` meets element `2l` then `2l + 1`, as the numerics
-//! definition says. Both paths ([`KernelChoice`]: portable, AVX-512) compute the same bits.
+//! definition says. Every path ([`KernelChoice`]: portable, AVX2, AVX-512) computes the same bits.
 //!
 //! Tile storage ([`pack_rows`]): rows come in groups of [`ROW_GROUP`]; inside a group the
 //! blocks are interleaved (block 0 of every row of the group, then block 1, ...), for the data
@@ -281,7 +281,7 @@ pub fn tile_partials(
     };
     // The first bytes of the tile are requested all at once (the running prefetch in the
     // kernel covers the rest), so the tile's start does not wait line by line.
-    if kernel == KernelChoice::Auto && prefetch > 0 {
+    if kernel != KernelChoice::Portable && prefetch > 0 {
         prefetch_start(tile.data, prefetch);
         prefetch_start(tile.scales, 1);
     }
@@ -524,7 +524,7 @@ mod tests {
                 e[k] = 1.0;
                 let mut x = vec![0f32; kp];
                 pair_order(&e, &mut x);
-                for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+                for kernel in KernelChoice::ALL {
                     let mut out = vec![0f32; rows];
                     tile_partials(
                         &view,
@@ -693,7 +693,7 @@ mod tests {
                     inputs.push(TileInput::Bf16(&rounded));
                 }
                 for input in inputs {
-                    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+                    for kernel in KernelChoice::ALL {
                         let mut segs = vec![0f32; tokens * rows * ns];
                         let layout = PartialsLayout::Segments;
                         tile_partials(&view, input, kp, tokens, &mut segs, layout, kernel);

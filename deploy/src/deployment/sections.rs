@@ -32,7 +32,7 @@ pub struct ModelSection {
     /// `mxint8`. Default: `as-stored` (GPT-OSS experts stay MXFP4).
     pub format: FormatChoice,
     /// What matrix products round their inputs to: `f32` (exact) or `bf16` (bf16 and MXFP4
-    /// weights take AVX-512 BF16 dot products, as a bf16 model computes). Default: `f32`.
+    /// weights take bf16 dot products, as a bf16 model computes). Default: `f32`.
     pub activation_dtype: ActivationDtype,
     /// Whether attention nodes on the CPU copy the matrices they compute with out of the
     /// memory-mapped checkpoint into transparent huge pages at load (their kernels stream

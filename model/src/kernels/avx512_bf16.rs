@@ -3,9 +3,8 @@
 //! permute of the block's 16 scaled FP4 values; each block then takes one `vdpbf16ps` per row
 //! and input, which adds element `2l + 1`'s product and then element `2l`'s into lane `l`.
 
-use super::avx512::{
-    BF16, MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, data_at, fold_all, prefetch, second_of_pair,
-};
+use super::avx512::fold_all;
+use super::x86::{BF16, MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, data_at, prefetch, second_of_pair};
 use super::{BLOCK, BlockFormat, BlockRows, Reduction, Sink};
 use std::arch::x86_64::*;
 

@@ -1,7 +1,7 @@
 //! The bf16 dot-product path: activations rounded once to bf16 where they enter a product with
 //! bf16 or MXFP4 weights, pairs of products added by the CPU's AVX-512 BF16 instruction
-//! (`vdpbf16ps`), sums kept in f32. This is what a bf16 model computes in PyTorch and a bf16
-//! GGUF in llama.cpp, and it is chosen by [`ActivationDtype::Bf16`]; the default
+//! (`vdpbf16ps`), or by two AVX2 fused multiply-adds where it has none, sums kept in f32.
+//! This is what a bf16 model computes in PyTorch and a bf16 GGUF in llama.cpp, and it is chosen by [`ActivationDtype::Bf16`]; the default
 //! ([`ActivationDtype::F32`]) keeps the exact f32 orders of [`super::SumOrder`] and every
 //! fixture contract that rests on them.
 //!
@@ -11,7 +11,7 @@
 //! input; the lanes folded by [`super::fold_lanes`]. Like the instruction, it treats inputs
 //! below f32's normal range as zero and flushes such results to zero (see [`flushed_term`]).
 //! It depends on nothing but the values, so every register blocking, thread count and tiling
-//! gives the same bits, and the portable path gives the AVX-512 path's.
+//! gives the same bits, and the portable and AVX2 paths give the AVX-512 path's.
 
 use super::{BLOCK, BlockFormat, BlockRows, KernelChoice, LANES, Reduction, Sink, fold_lanes};
 
@@ -161,6 +161,11 @@ pub fn bf16_block_sums<const R: usize, const T: usize>(
         // to hold every block the kernel reads.
         return unsafe { super::avx512_bf16::block_sums::<R, T>(w, x, reduction, emit) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if kernel.avx2() {
+        // SAFETY: as above.
+        return unsafe { super::avx2_bf16::block_sums::<R, T>(w, x, reduction, emit) };
+    }
     let _ = kernel;
     portable::<R, T>(w, x, reduction, emit)
 }
@@ -173,24 +178,34 @@ fn portable<const R: usize, const T: usize>(
     mut emit: impl Sink<R, T>,
 ) {
     for s in 0..reduction.segments() {
-        let segment = reduction.segment_blocks(s);
-        let mut out = [[0f32; T]; R];
-        for (r, out) in out.iter_mut().enumerate() {
-            let mut acc = [[0f32; LANES]; T];
-            for b in segment.clone() {
-                let (even, odd) = w.block(r, b, super::Lanes::Pairs);
-                for (acc, x) in acc.iter_mut().zip(x) {
-                    let xb = &x[b * BLOCK..(b + 1) * BLOCK];
-                    for l in 0..LANES {
-                        let a = flushed_term(acc[l], odd[l], bf16_value(xb[2 * l + 1]));
-                        acc[l] = flushed_term(a, even[l], bf16_value(xb[2 * l]));
-                    }
+        emit.segment(s, &portable_segment(w, x, reduction, s));
+    }
+}
+
+/// Segment `s` of [`bf16_block_sums`] one lane at a time (sizes already checked).
+pub(super) fn portable_segment<const R: usize, const T: usize>(
+    w: &BlockRows<'_, R>,
+    x: &[&[u16]; T],
+    reduction: &Reduction,
+    s: usize,
+) -> [[f32; T]; R] {
+    let segment = reduction.segment_blocks(s);
+    let mut out = [[0f32; T]; R];
+    for (r, out) in out.iter_mut().enumerate() {
+        let mut acc = [[0f32; LANES]; T];
+        for b in segment.clone() {
+            let (even, odd) = w.block(r, b, super::Lanes::Pairs);
+            for (acc, x) in acc.iter_mut().zip(x) {
+                let xb = &x[b * BLOCK..(b + 1) * BLOCK];
+                for l in 0..LANES {
+                    let a = flushed_term(acc[l], odd[l], bf16_value(xb[2 * l + 1]));
+                    acc[l] = flushed_term(a, even[l], bf16_value(xb[2 * l]));
                 }
             }
-            for (o, acc) in out.iter_mut().zip(acc) {
-                *o = fold_lanes(acc);
-            }
         }
-        emit.segment(s, &out);
+        for (o, acc) in out.iter_mut().zip(acc) {
+            *o = fold_lanes(acc);
+        }
     }
+    out
 }

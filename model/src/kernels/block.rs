@@ -159,7 +159,7 @@ pub struct BlockRows<'a, const R: usize> {
     pub(super) data_strides: Strides,
     pub(super) scales: &'a [u8],
     pub(super) scale_strides: Strides,
-    /// Bytes ahead of the block being read that the AVX-512 path asks the cache for (0: none;
+    /// Bytes ahead of the block being read that the vector paths ask the cache for (0: none;
     /// only for the layouts of [`Self::prefetch_steps`]).
     pub(super) prefetch: usize,
     /// 1 when row 0 is the second row of its pair ([`BlockFormat::Mxfp4RowPairs`]), else 0.
@@ -194,7 +194,7 @@ impl<'a, const R: usize> BlockRows<'a, R> {
         self
     }
 
-    /// The same rows, with the AVX-512 path fetching `bytes` ahead of each block it reads
+    /// The same rows, with the vector paths fetching `bytes` ahead of each block it reads
     /// (streams from memory that the hardware prefetcher does not run far enough ahead of),
     /// when the rows' blocks lie side by side (the card's row groups) or the rows one after
     /// another (a row-major matrix); other layouts leave it to the hardware.
@@ -238,6 +238,27 @@ impl<'a, const R: usize> BlockRows<'a, R> {
     #[inline(always)]
     pub(super) fn rows_first<const T: usize>(&self) -> bool {
         T == 1 && R > 1 && self.data_strides.block == self.format.block_bytes()
+    }
+
+    /// The `N` rows from row `r0` on, with the same strides (the rows must exist).
+    pub(super) fn rows_from<const N: usize>(&self, r0: usize) -> BlockRows<'a, N> {
+        let (unit, pair_offset) = if self.format == BlockFormat::Mxfp4RowPairs {
+            let (pair, second) = pair_place(r0, self.pair_offset);
+            (pair, usize::from(second))
+        } else {
+            (r0, 0)
+        };
+        let data = (unit * self.data_strides.row).min(self.data.len());
+        let scales = (r0 * self.scale_strides.row).min(self.scales.len());
+        BlockRows {
+            format: self.format,
+            data: &self.data[data..],
+            data_strides: self.data_strides,
+            scales: &self.scales[scales..],
+            scale_strides: self.scale_strides,
+            prefetch: self.prefetch,
+            pair_offset,
+        }
     }
 
     /// Checks that every row holds blocks `0..end` (and the first half of block `end`).

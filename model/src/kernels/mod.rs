@@ -18,8 +18,9 @@
 //! instruction set, so every kernel path gives the same bits as the plain definitions
 //! ([`dot`] and [`paired_partial`]).
 //!
-//! A third order, opt-in, rounds the inputs to bf16 and adds pairs of products with the CPU's
-//! AVX-512 BF16 instruction ([`ActivationDtype::Bf16`], [`bf16_partial`], [`bf16_block_sums`]);
+//! A third order, opt-in, rounds the inputs to bf16 and adds pairs of products as the CPU's
+//! AVX-512 BF16 instruction does ([`ActivationDtype::Bf16`], [`bf16_partial`],
+//! [`bf16_block_sums`]);
 //! both callers use it where a matrix says so ([`crate::WeightMatrix::activations`], the card's
 //! program), and it too gives the same bits on every path.
 //!
@@ -29,6 +30,10 @@
 //! expects f32 and MXINT8 blocks stored even elements first, which the card's tile packing does.
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_bf16;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
@@ -36,6 +41,8 @@ mod bf16;
 mod block;
 mod matmul;
 mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use bf16::{
     ActivationDtype, bf16_block_sums, bf16_partial, bf16_value, flushed_term, round_bf16,
@@ -53,11 +60,30 @@ pub const BLOCK: usize = 32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KernelChoice {
-    /// The widest this CPU supports.
+    /// The widest this CPU supports: AVX-512 (with BF16 for the bf16 order), else AVX2 with
+    /// FMA and F16C, else the portable path.
     #[default]
     Auto,
+    /// The AVX2 path even where AVX-512 is there (tests and comparisons); the portable path
+    /// where the CPU lacks AVX2, FMA or F16C.
+    Avx2,
     /// Plain Rust (same bits, slower).
     Portable,
+}
+
+impl KernelChoice {
+    /// Every choice, for tests that check that all paths agree.
+    pub const ALL: [KernelChoice; 3] = [
+        KernelChoice::Auto,
+        KernelChoice::Avx2,
+        KernelChoice::Portable,
+    ];
+
+    /// Whether this choice lets the AVX2 path run where the CPU has it.
+    #[cfg(target_arch = "x86_64")]
+    fn avx2(self) -> bool {
+        self != KernelChoice::Portable && avx2::available()
+    }
 }
 
 /// A fixed summation order of the matrix kernel (see the module documentation).
@@ -312,6 +338,11 @@ pub fn block_sums<O: SumOrder, const R: usize, const T: usize>(
         // SAFETY: the CPU features were just detected; the rows and inputs were checked above
         // to hold every block (and half block) the kernel reads.
         return unsafe { avx512::block_sums::<O, R, T>(w, x, reduction, emit) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernel.avx2() {
+        // SAFETY: as above.
+        return unsafe { avx2::block_sums::<O, R, T>(w, x, reduction, emit) };
     }
     let _ = kernel;
     portable::block_sums::<O, R, T>(w, x, reduction, emit)

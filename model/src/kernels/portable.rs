@@ -1,5 +1,5 @@
-//! The portable matrix kernel: the same terms in the same order as the AVX-512 path, one lane
-//! at a time.
+//! The portable matrix kernel: the same terms in the same order as the AVX-512 and AVX2 paths,
+//! one lane at a time.
 
 use super::{BLOCK, BlockRows, LANES, Reduction, Sink, SumOrder, fold_lanes};
 

@@ -86,7 +86,7 @@ fn check<const R: usize, const T: usize>(blocks: usize, r0: usize, seed: u64) {
         segment: 3,
         ..Reduction::whole(0..blocks)
     };
-    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+    for kernel in KernelChoice::ALL {
         let run = |w: &BlockRows<'_, R>, which: u8| {
             let mut got: Vec<u32> = Vec::new();
             let mut push =

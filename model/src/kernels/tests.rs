@@ -266,7 +266,7 @@ fn check_paired(format: BlockFormat, blocks: usize, seed: u64) {
         .collect();
     let xp: Vec<Vec<f32>> = x.iter().map(|x| pair_ordered(x)).collect();
     let w = stored.block_rows();
-    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+    for kernel in KernelChoice::ALL {
         let mut got = [[0f32; 2]; 3];
         let whole = Reduction::whole(0..blocks);
         block_sums::<Paired, 3, 2>(
@@ -312,7 +312,7 @@ fn strided_order_equals_dot_on_both_paths_for_every_format() {
             &scales,
             strides(1),
         );
-        for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+        for kernel in KernelChoice::ALL {
             let mut got = [[0f32; 1]; 1];
             let whole = Reduction::whole(0..blocks);
             block_sums::<Strided, 1, 1>(&w, &[&x], &whole, kernel, |_, s: &[[f32; 1]; 1]| got = *s);
@@ -345,11 +345,19 @@ fn both_paths_agree_across_register_blocks_and_strided_matrices() {
             WeightMatrix::from_f32(rows, cols, &values(2, rows * cols)),
         ] {
             let x = values(5, tokens * cols);
-            let (mut a, mut b) = (vec![0f32; tokens * rows], vec![0f32; tokens * rows]);
-            matmul_with(&x, tokens, &m, None, &mut a, KernelChoice::Auto);
-            matmul_with(&x, tokens, &m, None, &mut b, KernelChoice::Portable);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&a), bits(&b), "{rows}x{cols}, {tokens} tokens");
+            let product = |kernel| {
+                let mut out = vec![0f32; tokens * rows];
+                matmul_with(&x, tokens, &m, None, &mut out, kernel);
+                out.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+            };
+            let want = product(KernelChoice::Portable);
+            for kernel in [KernelChoice::Auto, KernelChoice::Avx2] {
+                assert_eq!(
+                    product(kernel),
+                    want,
+                    "{kernel:?} {rows}x{cols}, {tokens} tokens"
+                );
+            }
         }
     }
 }
@@ -377,7 +385,7 @@ fn segments_are_folded_on_their_own_in_order() {
         ..Reduction::whole(0..5)
     };
     assert_eq!(reduction.segments(), 3);
-    for kernel in [KernelChoice::Auto, KernelChoice::Portable] {
+    for kernel in KernelChoice::ALL {
         let mut got = Vec::new();
         block_sums::<Paired, 1, 1>(&w, &[&xp], &reduction, kernel, |s, v: &[[f32; 1]; 1]| {
             got.push((s, v[0][0]))

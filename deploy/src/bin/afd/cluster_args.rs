@@ -55,7 +55,7 @@ pub struct NodeArgs {
     pub format: FormatChoice,
     /// What matrix products round their inputs to: f32 (exact, the fixtures' numerics) or
     /// bf16 (as a bf16 model computes in PyTorch or llama.cpp: bf16 and MXFP4 weights take
-    /// AVX-512 BF16 dot products, sums stay f32; faster where the CPU has them).
+    /// AVX-512 BF16 dot products, or AVX2 multiply-adds with the same bits, sums stay f32).
     #[arg(long, default_value = "f32")]
     pub activation_dtype: ActivationDtype,
     /// Let expert weights that do not fit in SRAM stream from LPDDR (modeled cost).

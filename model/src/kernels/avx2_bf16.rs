@@ -1,0 +1,311 @@
+//! The AVX2 path of [`super::bf16`], for CPUs without AVX-512 BF16: each lane adds element
+//! `2l + 1`'s product and then element `2l`'s as two fused multiply-adds in f32, which is what
+//! `vdpbf16ps` computes (a product of two bf16 values is exact in f32) except for its flushing
+//! of values below f32's normal range.
+//!
+//! The flushing is handled without a cost per term. Weights: MXFP4 values come from tables
+//! already flushed; bf16 weights and the inputs are watched for their smallest nonzero
+//! magnitude. When no input or weight of a segment is below the normal range and every
+//! nonzero product is at least 2^-100, no sum can fall below it either: two such sums that
+//! nearly cancel are both multiples of 2^-124, so what is left is zero or at least 2^-124. The
+//! fused multiply-adds then give the instruction's bits, and a segment where that cannot be
+//! shown (inputs or weights within 2^100 of the range's edge) is computed again by the
+//! portable definition.
+
+use super::avx2::{
+    Block, Fp4Bytes, InputVectors, Layout, add_terms, even_of_pairs, fold_block, layout, lookup,
+    odd_of_pairs, pair_nibbles, row_nibbles, row_pairs, sub_blocks, sub_rows,
+};
+use super::bf16::portable_segment;
+use super::x86::{BF16, MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, data_at, prefetch, second_of_pair};
+use super::{BLOCK, BlockFormat, BlockRows, Paired as Fused, Reduction, Sink};
+use std::arch::x86_64::*;
+
+/// The smallest biased exponent the smallest nonzero input and weight magnitudes of a segment
+/// may add up to for the fused multiply-adds to be exact ([`segment_is_plain`]): products of at
+/// least `2^(154 - 254) = 2^-100`.
+const PLAIN_EXPONENTS: u32 = 154;
+
+/// See [`super::bf16::bf16_block_sums`].
+///
+/// # Safety
+/// The CPU must have the features of [`super::avx2::available`]; `w` and `x` must hold every
+/// block the call reads ([`BlockRows::check`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn block_sums<const R: usize, const T: usize>(
+    w: &BlockRows<'_, R>,
+    x: &[&[u16]; T],
+    reduction: &Reduction,
+    emit: impl Sink<R, T>,
+) {
+    let Some(tables) = Fp4Bytes::flushed() else {
+        unreachable!("the flushed values have the exact ones' low bytes: zero");
+    };
+    macro_rules! go {
+        ($f:expr) => {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                if w.prefetch > 0 && w.prefetch_steps(reduction.blocks.end).is_some() {
+                    sums::<{ $f }, R, T, true>(w, x, reduction, tables, emit)
+                } else {
+                    sums::<{ $f }, R, T, false>(w, x, reduction, tables, emit)
+                }
+            }
+        };
+    }
+    match w.format {
+        BlockFormat::Mxfp4 => go!(MXFP4),
+        BlockFormat::Mxfp4RowPairs if w.pair_offset == 1 => go!(MXFP4_PAIRS_SECOND),
+        BlockFormat::Mxfp4RowPairs => go!(MXFP4_PAIRS),
+        _ => go!(BF16),
+    }
+}
+
+/// The smallest nonzero magnitude's biased exponent of bf16 values, from the running minimum
+/// of their magnitude bits minus one (zeros wrap to the maximum): `None` when all were zero,
+/// `Some(0)` when one was below the normal range.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn smallest_exponent(min: __m256i) -> Option<u32> {
+    let both = _mm_min_epu16(
+        _mm256_castsi256_si128(min),
+        _mm256_extracti128_si256::<1>(min),
+    );
+    let m = _mm_extract_epi16::<0>(_mm_minpos_epu16(both)) as u32;
+    (m != 0xffff).then_some((m + 1) >> 7)
+}
+
+/// `min` lowered by the magnitude bits minus one of the 16 bf16 values in `v`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn watch(min: __m256i, v: __m256i) -> __m256i {
+    let magnitude = _mm256_and_si256(v, _mm256_set1_epi16(0x7fff));
+    _mm256_min_epu16(min, _mm256_sub_epi16(magnitude, _mm256_set1_epi16(1)))
+}
+
+/// Whether a segment whose smallest nonzero input and weight magnitudes have these biased
+/// exponents (`None`: all zero) takes the plain fused multiply-adds (see the module docs).
+fn segment_is_plain(input: Option<u32>, weight: Option<u32>) -> bool {
+    match (input, weight) {
+        (Some(x), Some(w)) => x >= 1 && w >= 1 && x + w >= PLAIN_EXPONENTS,
+        _ => true,
+    }
+}
+
+/// # Safety
+/// As [`block_sums`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool>(
+    w: &BlockRows<'_, R>,
+    x: &[&[u16]; T],
+    reduction: &Reduction,
+    tables: &Fp4Bytes,
+    mut emit: impl Sink<R, T>,
+) {
+    let layout = layout::<F>(true);
+    let steps = w.prefetch_steps(reduction.blocks.end).unwrap_or((0, 0));
+    let rows_first = w.rows_first::<T>();
+    for s in 0..reduction.segments() {
+        let segment = reduction.segment_blocks(s);
+        // This segment's inputs, odd elements first, and their smallest magnitude.
+        let mut inputs = InputVectors::take(T, segment.len());
+        let mut smallest = _mm256_set1_epi16(-1);
+        for (t, x) in x.iter().enumerate() {
+            for (i, b) in segment.clone().enumerate() {
+                // SAFETY: each input holds blocks.end whole blocks (checked by the caller).
+                let (lo, hi) = unsafe {
+                    let p = x[b * BLOCK..].as_ptr();
+                    (
+                        _mm256_loadu_si256(p.cast()),
+                        _mm256_loadu_si256(p.add(16).cast()),
+                    )
+                };
+                smallest = watch(watch(smallest, lo), hi);
+                let (a, b) = match layout {
+                    Layout::Natural => (lo, hi),
+                    Layout::Split => (
+                        _mm256_permute2x128_si256::<0x20>(lo, hi),
+                        _mm256_permute2x128_si256::<0x31>(lo, hi),
+                    ),
+                };
+                inputs.block_mut(t, i).copy_from_slice(&[
+                    odd_of_pairs(a),
+                    odd_of_pairs(b),
+                    even_of_pairs(a),
+                    even_of_pairs(b),
+                ]);
+            }
+        }
+        let mut out = [[0f32; T]; R];
+        let mut weight: Option<u32> = None;
+        macro_rules! call {
+            ($rr:literal, $tt:literal, $r0:expr, $t0:expr) => {{
+                let view = w.rows_from::<$rr>($r0);
+                let fresh = $r0 == 0 && $t0 == 0;
+                let shape = Shape {
+                    layout,
+                    steps,
+                    rows_first,
+                    fresh,
+                };
+                // SAFETY: forwarded from the caller; `inputs` holds the segment's blocks.
+                let (got, smallest): ([[f32; $tt]; $rr], Option<u32>) = unsafe {
+                    if !matches!(F, MXFP4_PAIRS | MXFP4_PAIRS_SECOND) {
+                        sub::<F, $rr, $tt, PREFETCH>(&view, &inputs, $t0, &segment, tables, &shape)
+                    } else if view.pair_offset == 1 {
+                        sub::<MXFP4_PAIRS_SECOND, $rr, $tt, PREFETCH>(
+                            &view, &inputs, $t0, &segment, tables, &shape,
+                        )
+                    } else {
+                        sub::<MXFP4_PAIRS, $rr, $tt, PREFETCH>(
+                            &view, &inputs, $t0, &segment, tables, &shape,
+                        )
+                    }
+                };
+                weight = match (weight, smallest) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                for (r, row) in got.iter().enumerate() {
+                    out[$r0 + r][$t0..$t0 + $tt].copy_from_slice(row);
+                }
+            }};
+        }
+        sub_blocks!(R, T, call);
+        drop(inputs);
+        if !segment_is_plain(smallest_exponent(smallest), weight) {
+            out = portable_segment(w, x, reduction, s);
+        }
+        emit.segment(s, &out);
+    }
+}
+
+/// What a segment's sub-blocks share.
+struct Shape {
+    layout: Layout,
+    /// The whole register block's prefetch steps (`BlockRows::prefetch_steps`).
+    steps: (usize, usize),
+    rows_first: bool,
+    /// Whether this sub-block starts the register block (and runs its prefetch).
+    fresh: bool,
+}
+
+/// The block at `data` with its odd elements first (MXFP4: scale byte at `scale`; a row pair's
+/// block: its first row's values, or its second's when `second`); a bf16 block lowers
+/// `smallest` by its magnitudes as [`watch`] does.
+///
+/// # Safety
+/// The block's bytes (and its scale byte, for MXFP4) must be readable; AVX2 must be available.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn decode<const F: u8>(
+    second: bool,
+    data: *const u8,
+    scale: *const u8,
+    tables: &Fp4Bytes,
+    smallest: &mut __m256i,
+) -> Block {
+    // SAFETY: the caller guarantees the bytes read here are inside the rows.
+    unsafe {
+        match F {
+            MXFP4_PAIRS | MXFP4_PAIRS_SECOND => {
+                let w = lookup(pair_nibbles(data, second), scale, tables);
+                Block {
+                    first: [odd_of_pairs(w[0]), odd_of_pairs(w[1])],
+                    second: [even_of_pairs(w[0]), even_of_pairs(w[1])],
+                }
+            }
+            MXFP4 => {
+                let (even, odd) = row_pairs(lookup(row_nibbles(data), scale, tables));
+                Block {
+                    first: odd,
+                    second: even,
+                }
+            }
+            _ => {
+                let (a, b) = (
+                    _mm256_loadu_si256(data.cast()),
+                    _mm256_loadu_si256(data.add(32).cast()),
+                );
+                *smallest = watch(watch(*smallest, a), b);
+                Block {
+                    first: [odd_of_pairs(a), odd_of_pairs(b)],
+                    second: [even_of_pairs(a), even_of_pairs(b)],
+                }
+            }
+        }
+    }
+}
+
+/// The rows `w` (a sub-block's) against inputs `t0..t0 + TT` over the blocks `segment`, folded,
+/// and the biased exponent of the smallest nonzero weight magnitude they met (`None`: all zero).
+///
+/// # Safety
+/// As [`block_sums`]; `inputs` holds the segment's blocks for every input.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sub<const F: u8, const RR: usize, const TT: usize, const PREFETCH: bool>(
+    w: &BlockRows<'_, RR>,
+    inputs: &InputVectors,
+    t0: usize,
+    segment: &std::ops::Range<usize>,
+    tables: &Fp4Bytes,
+    shape: &Shape,
+) -> ([[f32; TT]; RR], Option<u32>) {
+    let (data, scales) = (w.data.as_ptr(), w.scales.as_ptr());
+    let xs: [*const __m256; TT] = std::array::from_fn(|t| inputs.at(t0 + t, 0));
+    let zero = _mm256_setzero_ps();
+    let mut acc = [[[zero; 2]; TT]; RR];
+    let mut smallest = _mm256_set1_epi8(-1);
+    let mut smallest_scale = u8::MAX;
+    // SAFETY (`row`): block b of every row is inside `data` (checked by the caller); the scale
+    // address is only read by MXFP4, whose scales were checked too.
+    macro_rules! row {
+        ($r:expr, $b:expr) => {
+            unsafe {
+                if F != BF16 {
+                    smallest_scale = smallest_scale.min(*scales.add(w.scale_at($r, $b)));
+                }
+                decode::<F>(
+                    second_of_pair::<F>($r),
+                    data.add(data_at::<F, RR>(w, $r, $b)),
+                    scales.wrapping_add(w.scale_at($r, $b)),
+                    tables,
+                    &mut smallest,
+                )
+            }
+        };
+    }
+    if shape.rows_first {
+        // Row by row, each front to back (see `BlockRows::rows_first`).
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (i, b) in segment.clone().enumerate() {
+                let d = row!(r, b);
+                // SAFETY: `inputs` holds the segment's blocks of every input.
+                unsafe { add_terms::<Fused>(&mut acc[0], &d, xs[0].add(i * 4)) };
+            }
+        }
+    } else {
+        for (i, b) in segment.clone().enumerate() {
+            if PREFETCH && shape.fresh {
+                prefetch::<F, RR>(w, data, scales, shape.steps, b);
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let d = row!(r, b);
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    unsafe { add_terms::<Fused>(acc, &d, xs[t].add(i * 4)) };
+                }
+            }
+        }
+    }
+    let weight = if F == BF16 {
+        smallest_exponent(smallest)
+    } else if segment.is_empty() {
+        None
+    } else {
+        // The smallest scale byte s: its nonzero values are at least 2^(s - 128), and those
+        // below the normal range were flushed to zero in the tables.
+        Some(u32::from(smallest_scale).saturating_sub(1).max(1))
+    };
+    (fold_block(&acc, shape.layout), weight)
+}
