@@ -29,7 +29,9 @@
 # and `afd-2cards-bf16-replicated` (the -auto one with `--replicate-experts`: both cards hold
 # every expert, and each step spreads its experts evenly over them), and `afd-2cards-bf16-inproc`
 # (the -auto one over the in-process transport instead of loopback QUIC: what the data plane's
-# packets and wake-ups cost a step).
+# packets and wake-ups cost a step), and the `-mxint8` twins of monolithic, afd-2cards and
+# afd-8cards (`--activation-dtype mxint8`: MXFP4 experts take MXINT8 inputs and integer block
+# sums, as llama.cpp's MXFP4 path takes 8-bit ones; bf16 weights as with bf16).
 # With --with-llamacpp, llama.cpp's llama-server is a variant too (`llama-server`), built from
 # source and fed a GGUF converted from the same checkpoint by scripts/bench_llamacpp.sh (both
 # cached under the cargo target folder), served with `-t THREADS -np <largest concurrency> -kvu
@@ -144,6 +146,9 @@ all_variants=(
     "afd-8cards-bf16-auto|--cards 8 --activation-dtype bf16"
     "afd-2cards-bf16-replicated|--cards 2 --activation-dtype bf16 --replicate-experts"
     "afd-2cards-bf16-inproc|--cards 2 --activation-dtype bf16 --transport inproc"
+    "monolithic-mxint8|--reference --activation-dtype mxint8"
+    "afd-2cards-mxint8|--cards 2 --micro-batches 2 --activation-dtype mxint8"
+    "afd-8cards-mxint8|--cards 8 --micro-batches 2 --activation-dtype mxint8"
 )
 default_variants=",monolithic,afd-1card,afd-2cards,afd-4cards,afd-2cards-no-overlap,"
 variants=()

@@ -5,7 +5,7 @@
 //! counts, on the rayon pool (set `RAYON_NUM_THREADS=1` to compare with one card thread).
 //!
 //! `cargo run --release -p corsair-ffn --example bench_expert [-- --seconds S] [--format mxfp4|bf16]
-//! [--tokens N] [--threads N] [--activations f32|bf16] [--experts N] [--kernel-only]`
+//! [--tokens N] [--threads N] [--activations f32|bf16|mxint8] [--experts N] [--kernel-only]`
 //!
 //! Calls cycle over several experts (6 MXFP4 or 3 bf16 ones, or `--experts N`) so the working
 //! set is larger than the last-level cache: every call streams one expert's weights from DRAM,
@@ -88,12 +88,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let only_tokens: Option<usize> = flag("--tokens").map(|v| v.parse()).transpose()?;
     let only_threads: Option<usize> = flag("--threads").map(|v| v.parse()).transpose()?;
     // What the products round their inputs to, as `--activation-dtype` sets it for a
-    // deployment (bf16: AVX-512 BF16 dot products).
-    let activations = match flag("--activations").map(String::as_str) {
-        None | Some("f32") => ActivationDtype::F32,
-        Some("bf16") => ActivationDtype::Bf16,
-        Some(other) => return Err(format!("--activations is f32 or bf16, not {other}").into()),
-    };
+    // deployment (bf16: AVX-512 BF16 dot products; mxint8: integer block sums).
+    let activations: ActivationDtype =
+        flag("--activations").map_or(Ok(ActivationDtype::F32), |v| v.parse())?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "expert FFN: gate+up {}x{HIDDEN}, down {HIDDEN}x{INTER}; {threads} threads available; \

@@ -26,6 +26,13 @@
 //! element `2l + 1` then `2l` of each block as the AVX-512 BF16 dot-product instruction does
 //! ([`dot_bf16`]). Segments and step 4 stay as they are.
 //!
+//! Where it marks them as quantizing their inputs to MXINT8 (`ActivationDtype::Mxint8`, MXFP4
+//! and MXINT8 tiles only), steps 2 and 3 are instead the MXINT8 order of
+//! [`model::kernels::mxint8_partial`]: each 32-element block of the input quantized to int8
+//! values with a shared power-of-two scale, each block's products summed exactly as integers
+//! in 8 lanes of 4 elements, then scaled and added in f32 ([`dot_mxint8`]). This is the card's
+//! integer MX arithmetic; segments and step 4 stay as they are.
+//!
 //! Element-wise steps use the model crate's functions unchanged (`activate`), and combining
 //! experts is `out[t] = ((+0.0 + w_0 y_0) + w_1 y_1) + ...` over the token's local slots in slot
 //! order, each product rounded before the add, as the reference forward does.
@@ -75,6 +82,42 @@ pub fn dot_bf16(w: &[f32], x: &[f32]) -> f32 {
     let mut y = 0f32;
     for s in 0..segments(k) {
         let q = model::kernels::bf16_partial(w, &rounded, s * SEGMENT, ((s + 1) * SEGMENT).min(k));
+        y = if s == 0 { q } else { y + q };
+    }
+    y
+}
+
+/// The MXINT8 order's dot product (no bias) of one row stored in an MX block format
+/// (`data` and `scales` as the card stores a row, [`crate::format`]) against `x`: [`dot`] with
+/// each segment's partial taken by [`model::kernels::mxint8_partial`] over `x` quantized.
+pub fn dot_mxint8(
+    format: model::kernels::BlockFormat,
+    data: &[u8],
+    scales: &[u8],
+    x: &[f32],
+) -> f32 {
+    let k = x.len();
+    assert!(
+        k.is_multiple_of(BLOCK),
+        "the MXINT8 order sums whole blocks"
+    );
+    let integers: Vec<i8> = match format {
+        model::kernels::BlockFormat::Mxfp4 => (0..k)
+            .map(|i| {
+                let nibble = (data[i / 2] >> (4 * (i % 2))) & 0x0f;
+                model::kernels::FP4_TIMES_TWO[usize::from(nibble)]
+            })
+            .collect(),
+        model::kernels::BlockFormat::Mxint8 => data[..k].iter().map(|&b| b as i8).collect(),
+        other => panic!("the MXINT8 order reads MX weights, not {other:?}"),
+    };
+    let mut quantized = model::kernels::Mxint8Input::default();
+    quantized.quantize(x, 1, k, format);
+    let row = quantized.row(0);
+    let mut y = 0f32;
+    for s in 0..segments(k) {
+        let blocks = s * BLOCKS_PER_SEGMENT..((s + 1) * BLOCKS_PER_SEGMENT).min(k / BLOCK);
+        let q = model::kernels::mxint8_partial(format, &integers, scales, &row, blocks);
         y = if s == 0 { q } else { y + q };
     }
     y

@@ -7,9 +7,9 @@
 
 use crate::error::{Error, Result};
 use crate::executor::Slot;
-use crate::format::card_values;
+use crate::format::{card_values, encode_row};
 use crate::lm_head::{CandidateOptions, LmProposal, RowSampling, propose};
-use crate::numerics::{dot, dot_bf16};
+use crate::numerics::{dot, dot_bf16, dot_mxint8};
 use crate::program::{ActivationSpec, LayerKind, Program};
 use crate::weights::{MatrixSource, WeightSource};
 use model::kernels::ActivationDtype;
@@ -33,10 +33,19 @@ impl<'a> SoftwareModel<'a> {
         Ok((0..matrix.rows)
             .map(|r| {
                 let (w, row) = src.row(r);
-                let values = card_values(w, row, src.cols, matrix.format);
                 let y = match matrix.activations {
-                    ActivationDtype::Bf16 => dot_bf16(&values, x),
-                    ActivationDtype::F32 => dot(&values, x),
+                    ActivationDtype::Bf16 => {
+                        dot_bf16(&card_values(w, row, src.cols, matrix.format), x)
+                    }
+                    ActivationDtype::F32 => dot(&card_values(w, row, src.cols, matrix.format), x),
+                    ActivationDtype::Mxint8 => {
+                        // The row's stored bytes: the order reads integers and scale bytes.
+                        let (f, k) = (matrix.format, src.cols.len());
+                        let mut data = vec![0u8; f.data_bytes(k)];
+                        let mut scales = vec![0u8; f.scale_bytes(k)];
+                        encode_row(w, row, src.cols, f, 0, k, &mut data, &mut scales);
+                        dot_mxint8(f.block_format(), &data, &scales, x)
+                    }
                 };
                 match &src.bias {
                     Some(b) => y + b[r],

@@ -174,12 +174,21 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         let program = compile(&cfg, &stored, a, &options, &profile)
             .unwrap()
             .program;
-        // The compiler marks exactly the bf16 and MXFP4 matrices of whole blocks as bf16.
+        // The compiler marks exactly the bf16 and MXFP4 matrices of whole blocks as bf16, or
+        // under MXINT8 activations the MXFP4 and MXINT8 ones as MXINT8 and the bf16 ones as
+        // bf16.
         for m in &program.matrices {
-            let bf16 = c.activations == ActivationDtype::Bf16
-                && matches!(m.format, TileFormat::Bf16 | TileFormat::Mxfp4)
-                && m.cols % 32 == 0;
-            prop_assert_eq!(m.activations == ActivationDtype::Bf16, bf16, "{}", m.name);
+            let whole = m.cols % 32 == 0;
+            let want = match (c.activations, m.format) {
+                (_, _) if !whole => ActivationDtype::F32,
+                (ActivationDtype::Mxint8, TileFormat::Mxfp4 | TileFormat::Mxint8) => {
+                    ActivationDtype::Mxint8
+                }
+                (ActivationDtype::Mxint8 | ActivationDtype::Bf16, TileFormat::Bf16)
+                | (ActivationDtype::Bf16, TileFormat::Mxfp4) => ActivationDtype::Bf16,
+                _ => ActivationDtype::F32,
+            };
+            prop_assert_eq!(m.activations, want, "{}", m.name);
         }
         let reference = SoftwareModel::new(&program, &weights);
         let mut card = Card::new(
@@ -269,6 +278,19 @@ proptest! {
             hidden: c.hidden.div_ceil(32) * 32,
             inter: c.inter.div_ceil(32) * 32,
             activations: ActivationDtype::Bf16,
+            ..c
+        };
+        check(&c)?;
+    }
+
+    /// The same with MXINT8 activations: MXFP4 and MXINT8 tiles take the MXINT8 order, bf16
+    /// tiles the bf16 order.
+    #[test]
+    fn executor_equals_software_model_with_mxint8_activations(c in case()) {
+        let c = Case {
+            hidden: c.hidden.div_ceil(32) * 32,
+            inter: c.inter.div_ceil(32) * 32,
+            activations: ActivationDtype::Mxint8,
             ..c
         };
         check(&c)?;

@@ -1,6 +1,6 @@
-//! `--activation-dtype bf16` end to end in one process: the cards (bf16 programs over
-//! JetStream) against the monolithic reference forward with the same setting, on every
-//! transformers fixture, and how close both stay to the fixtures' own tokens.
+//! `--activation-dtype bf16` and `mxint8` end to end in one process: the cards (bf16 or MXINT8
+//! programs over JetStream) against the monolithic reference forward with the same setting, on
+//! every transformers fixture, and how close both stay to the fixtures' own tokens.
 
 use std::path::Path;
 
@@ -13,11 +13,11 @@ mod common;
 
 use common::{expected, fixtures, greedy_requests};
 
-fn bf16_weights(dir: &Path) -> model::ModelWeights {
+fn weights(dir: &Path, activations: ActivationDtype) -> model::ModelWeights {
     model::ModelWeights::load_with(
         dir,
         &LoadOptions {
-            activations: ActivationDtype::Bf16,
+            activations,
             ..LoadOptions::default()
         },
     )
@@ -41,11 +41,22 @@ fn add(total: &mut (usize, usize), (same, len): (usize, usize)) {
 /// stay high, against the bf16 reference and against the fixtures' (f32 transformers) tokens.
 #[test]
 fn bf16_cards_keep_close_to_the_bf16_reference_and_the_fixtures() {
+    cards_keep_close(ActivationDtype::Bf16);
+}
+
+/// The same with MXINT8 activations: both sides quantize the same input blocks, the cards sum
+/// per 512-element segment where the reference sums whole rows.
+#[test]
+fn mxint8_cards_keep_close_to_the_mxint8_reference_and_the_fixtures() {
+    cards_keep_close(ActivationDtype::Mxint8);
+}
+
+fn cards_keep_close(activations: ActivationDtype) {
     let (mut vs_reference, mut vs_fixture) = ((0, 0), (0, 0));
     for dir in fixtures() {
         let cases = expected(&dir);
         let requests = greedy_requests(&cases);
-        let mut reference = model::ReferenceModel::new(bf16_weights(&dir)).unwrap();
+        let mut reference = model::ReferenceModel::new(weights(&dir, activations)).unwrap();
         let want: Vec<Vec<u32>> = model::generate::generate(&mut reference, &requests, 0)
             .unwrap()
             .into_iter()
@@ -58,7 +69,7 @@ fn bf16_cards_keep_close_to_the_bf16_reference_and_the_fixtures() {
             let mut config = ClusterConfig::new(&dir, cards);
             config.transport = TransportKind::Inproc;
             config.node.kv.memory_bytes = 8 << 20;
-            config.activation_dtype = ActivationDtype::Bf16;
+            config.activation_dtype = activations;
             let mut c = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
             let mut node = c.take_nodes().remove(0);
             let got = driver::generate(&mut node, &requests, 0).unwrap();
@@ -75,8 +86,8 @@ fn bf16_cards_keep_close_to_the_bf16_reference_and_the_fixtures() {
         }
     }
     eprintln!(
-        "bf16 activations: cards keep {} of {} reference tokens, the reference {} of {} \
-         fixture tokens (before each sequence's first difference)",
+        "{activations} activations: cards keep {} of {} reference tokens, the reference {} of \
+         {} fixture tokens (before each sequence's first difference)",
         vs_reference.0, vs_reference.1, vs_fixture.0, vs_fixture.1
     );
     assert!(

@@ -166,9 +166,9 @@ pub fn compile(
             &streamed,
         );
         for m in &mut program.matrices {
-            if options.activations.rounds(m.format.block_format(), m.cols) {
-                m.activations = ActivationDtype::Bf16;
-            }
+            m.activations = options
+                .activations
+                .numerics(m.format.block_format(), m.cols);
         }
         memory::derive_lifetimes(&mut program);
         program.pool_bytes = memory::allocate_pool(&mut program);

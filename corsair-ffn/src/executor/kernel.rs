@@ -17,8 +17,8 @@
 
 pub use model::kernels::KernelChoice;
 use model::kernels::{
-    BlockFormat, BlockJob, BlockRows, Paired, Reduction, Sink, Strides, bf16_block_sums,
-    block_sums, prefetch_start, register_blocks,
+    BlockFormat, BlockJob, BlockRows, Mxint8Input, Mxint8Row, Paired, Reduction, Sink, Strides,
+    bf16_block_sums, block_sums, mxint8_block_sums, prefetch_start, register_blocks,
 };
 
 use crate::format::TileFormat;
@@ -223,6 +223,14 @@ pub enum TileInput<'a> {
     Paired(&'a [f32]),
     /// Rounded to bf16, in element order: the bf16 order (bf16 and MXFP4 tiles only).
     Bf16(&'a [u16]),
+    /// Quantized to MXINT8, one row per token, from block `from_block` on: the MXINT8 order
+    /// (MXFP4 and MXINT8 tiles only).
+    Mxint8 {
+        /// The quantized rows.
+        input: &'a Mxint8Input,
+        /// The tile's first block.
+        from_block: usize,
+    },
 }
 
 impl TileInput<'_> {
@@ -231,6 +239,10 @@ impl TileInput<'_> {
         match self {
             TileInput::Paired(x) => TileInput::Paired(&x[at..]),
             TileInput::Bf16(x) => TileInput::Bf16(&x[at..]),
+            TileInput::Mxint8 { input, from_block } => TileInput::Mxint8 {
+                input,
+                from_block: from_block + at / BLOCK,
+            },
         }
     }
 }
@@ -300,6 +312,7 @@ pub fn tile_partials(
     let pairs = match x {
         TileInput::Bf16(_) => tokens == 2 || (tokens > 2 && tile.format == TileFormat::Bf16),
         TileInput::Paired(_) => false,
+        TileInput::Mxint8 { .. } => tokens == 2,
     };
     if pairs {
         pair_blocks(tile.rows, tokens, &mut job);
@@ -426,6 +439,11 @@ impl BlockJob for Partials<'_, '_> {
             TileInput::Bf16(x) => {
                 let xs: [&[u16]; T] = std::array::from_fn(|t| &x[at(t)..]);
                 bf16_block_sums::<R, T>(&rows, &xs, &reduction, self.kernel, emit)
+            }
+            TileInput::Mxint8 { input, from_block } => {
+                let xs: [Mxint8Row<'_>; T] =
+                    std::array::from_fn(|t| input.row(t0 + t).from_block(from_block));
+                mxint8_block_sums::<R, T>(&rows, &xs, &reduction, self.kernel, emit)
             }
         }
     }

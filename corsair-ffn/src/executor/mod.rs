@@ -20,7 +20,7 @@ use crate::weights::BoundMemory;
 use arena::{Arena, f32s, f32s_mut};
 pub use kernel::KernelChoice;
 use kernel::{PartialsLayout, TileInput, TileView, pair_order, tile_partials};
-use model::kernels::{ActivationDtype, round_bf16};
+use model::kernels::{ActivationDtype, Mxint8Input, round_bf16};
 
 /// One routing slot of a token: a local expert and its weight, or [`Slot::EMPTY`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -98,6 +98,8 @@ pub(crate) struct Executor {
     xp: Vec<f32>,
     /// Inputs of the current matmul rounded to bf16 (reused; bf16 matrices).
     xb: Vec<u16>,
+    /// Inputs of the current matmul quantized to MXINT8 (reused; MXINT8-order matrices).
+    xq: Mxint8Input,
 }
 
 impl Executor {
@@ -122,6 +124,7 @@ impl Executor {
             kernel: options.kernel,
             xp: Vec::new(),
             xb: Vec::new(),
+            xq: Mxint8Input::default(),
         })
     }
 
@@ -346,8 +349,11 @@ impl Executor {
         // Pair-ordered inputs, one row per token.
         let xw = Arena::range(&self.program, *input, 0, r * k)?;
         let x = f32s(self.arena.get(xw)?);
-        let bf16 = m.activations == ActivationDtype::Bf16;
-        if bf16 {
+        let numerics = m.activations;
+        if numerics == ActivationDtype::Mxint8 {
+            // Quantized once for every tile of the matrix (tiles start at segment boundaries).
+            self.xq.quantize(x, r, k, m.format.block_format());
+        } else if numerics == ActivationDtype::Bf16 {
             // Rounded once, zero-padded to whole blocks.
             self.xb.clear();
             self.xb.resize(r * kp, 0);
@@ -395,10 +401,13 @@ impl Executor {
             let layout = partials_layout(m, t);
             jobs.push((view, cols.start, chunk, layout));
         }
-        let input = if bf16 {
-            TileInput::Bf16(&self.xb)
-        } else {
-            TileInput::Paired(&self.xp)
+        let input = match numerics {
+            ActivationDtype::Mxint8 => TileInput::Mxint8 {
+                input: &self.xq,
+                from_block: 0,
+            },
+            ActivationDtype::Bf16 => TileInput::Bf16(&self.xb),
+            ActivationDtype::F32 => TileInput::Paired(&self.xp),
         };
         let kernel = self.kernel;
         let job = |(view, c0, chunk, layout): (TileView<'_>, usize, &mut [f32], PartialsLayout)| {

@@ -31,8 +31,10 @@ pub struct ModelSection {
     /// Format of expert and dense FFN weights on the cards: `as-stored`, `bf16`, `mxfp4` or
     /// `mxint8`. Default: `as-stored` (GPT-OSS experts stay MXFP4).
     pub format: FormatChoice,
-    /// What matrix products round their inputs to: `f32` (exact) or `bf16` (bf16 and MXFP4
-    /// weights take bf16 dot products, as a bf16 model computes). Default: `f32`.
+    /// What matrix products round their inputs to: `f32` (exact), `bf16` (bf16 and MXFP4
+    /// weights take bf16 dot products, as a bf16 model computes) or `mxint8` (MXFP4 and MXINT8
+    /// weights take MXINT8 inputs and integer block sums, bf16 weights bf16 ones). Default:
+    /// `f32`.
     pub activation_dtype: ActivationDtype,
     /// Whether attention nodes on the CPU copy the matrices they compute with out of the
     /// memory-mapped checkpoint into transparent huge pages at load (their kernels stream

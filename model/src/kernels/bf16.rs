@@ -1,9 +1,9 @@
 //! The bf16 dot-product path: activations rounded once to bf16 where they enter a product with
 //! bf16 or MXFP4 weights, pairs of products added by the CPU's AVX-512 BF16 instruction
 //! (`vdpbf16ps`), or by two AVX2 fused multiply-adds where it has none, sums kept in f32.
-//! This is what a bf16 model computes in PyTorch and a bf16 GGUF in llama.cpp, and it is chosen by [`ActivationDtype::Bf16`]; the default
-//! ([`ActivationDtype::F32`]) keeps the exact f32 orders of [`super::SumOrder`] and every
-//! fixture contract that rests on them.
+//! This is what a bf16 model computes in PyTorch and a bf16 GGUF in llama.cpp. It is chosen by
+//! [`ActivationDtype::Bf16`]; the default ([`ActivationDtype::F32`]) keeps the exact f32 orders
+//! of [`super::SumOrder`] and every fixture contract that rests on them.
 //!
 //! The order ([`bf16_partial`] is its definition): 16 f32 lanes from `+0.0`; the 32-element
 //! blocks in order; in each, lane `l` takes element `2l + 1`, then element `2l` (the order the
@@ -27,18 +27,38 @@ pub enum ActivationDtype {
     /// bf16 inputs against bf16 and MXFP4 weights (rows of whole 32-element blocks), f32 sums;
     /// other weight formats keep f32 inputs.
     Bf16,
+    /// Inputs quantized to MXINT8 against MXFP4 and MXINT8 weights, integer block sums (the
+    /// Corsair card's arithmetic, see [`super::mxint8_partial`]); bf16 inputs against bf16
+    /// weights as [`ActivationDtype::Bf16`]; rows of whole 32-element blocks only, other
+    /// products keep f32 inputs.
+    Mxint8,
 }
 
 impl ActivationDtype {
+    /// What a product with weights of `format` and rows of `cols` elements computes under this
+    /// setting: [`ActivationDtype::F32`] (the exact orders), [`ActivationDtype::Bf16`] (the
+    /// bf16 order) or [`ActivationDtype::Mxint8`] (the MXINT8 order).
+    pub fn numerics(self, format: BlockFormat, cols: usize) -> ActivationDtype {
+        let mx = matches!(
+            format,
+            BlockFormat::Mxfp4 | BlockFormat::Mxfp4RowPairs | BlockFormat::Mxint8
+        );
+        let bf16 = matches!(
+            format,
+            BlockFormat::Bf16 | BlockFormat::Mxfp4 | BlockFormat::Mxfp4RowPairs
+        );
+        match self {
+            _ if !cols.is_multiple_of(BLOCK) => ActivationDtype::F32,
+            ActivationDtype::Mxint8 if mx => ActivationDtype::Mxint8,
+            ActivationDtype::Mxint8 | ActivationDtype::Bf16 if bf16 => ActivationDtype::Bf16,
+            _ => ActivationDtype::F32,
+        }
+    }
+
     /// Whether a product with weights of `format` and rows of `cols` elements rounds its
     /// inputs to bf16 under this setting.
     pub fn rounds(self, format: BlockFormat, cols: usize) -> bool {
-        self == ActivationDtype::Bf16
-            && matches!(
-                format,
-                BlockFormat::Bf16 | BlockFormat::Mxfp4 | BlockFormat::Mxfp4RowPairs
-            )
-            && cols.is_multiple_of(BLOCK)
+        self.numerics(format, cols) == ActivationDtype::Bf16
     }
 }
 
@@ -48,8 +68,10 @@ impl std::str::FromStr for ActivationDtype {
         match s {
             "f32" | "float32" | "float" => Ok(ActivationDtype::F32),
             "bf16" | "bfloat16" => Ok(ActivationDtype::Bf16),
+            "mxint8" => Ok(ActivationDtype::Mxint8),
             other => Err(format!(
-                "unknown activation dtype `{other}`: expected f32 (exact, the default) or bf16"
+                "unknown activation dtype `{other}`: expected f32 (exact, the default), bf16 \
+                 or mxint8"
             )),
         }
     }
@@ -60,6 +82,7 @@ impl std::fmt::Display for ActivationDtype {
         f.write_str(match self {
             ActivationDtype::F32 => "f32",
             ActivationDtype::Bf16 => "bf16",
+            ActivationDtype::Mxint8 => "mxint8",
         })
     }
 }

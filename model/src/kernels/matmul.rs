@@ -4,9 +4,11 @@
 use rayon::prelude::*;
 
 use super::{
-    BLOCK, BlockFormat, BlockJob, BlockRows, KernelChoice, LANES, Reduction, Strided, Strides,
-    bf16_block_sums, block_sums, register_blocks, round_rows,
+    BLOCK, BlockFormat, BlockJob, BlockRows, KernelChoice, LANES, Mxint8Input, Mxint8Row,
+    Reduction, Strided, Strides, bf16_block_sums, block_sums, mxint8_block_sums, register_blocks,
+    round_rows,
 };
+use crate::kernels::ActivationDtype;
 use crate::weights::WeightMatrix;
 
 /// How far ahead (bytes) a register block of several tokens prefetches the matrix: such a
@@ -22,8 +24,8 @@ const ROWS_PER_TASK: usize = 32;
 /// Rows `n0..n0 + count` of `w` against every token, into `tile` (`[tokens, count]`).
 struct Tile<'a> {
     x: &'a [f32],
-    /// `x` rounded to bf16, when the matrix's products round their inputs.
-    x_bf16: Option<&'a [u16]>,
+    /// `x` as the matrix's products take it.
+    prepared: Prepared<'a>,
     tokens: usize,
     w: &'a WeightMatrix,
     n0: usize,
@@ -52,7 +54,26 @@ impl BlockJob for Tile<'_> {
             },
         )
         .with_prefetch(if T == 1 { 0 } else { PREFETCH_BYTES });
-        if let Some(xb) = self.x_bf16 {
+        if let Prepared::Mxint8(q) = self.prepared {
+            let xs: [Mxint8Row<'_>; T] = std::array::from_fn(|t| q.row(t0 + t));
+            let count = self.tile.len() / self.tokens;
+            let tile = &mut *self.tile;
+            mxint8_block_sums::<R, T>(
+                &rows,
+                &xs,
+                &Reduction::whole(0..cols / BLOCK),
+                self.kernel,
+                |_, sums: &[[f32; T]; R]| {
+                    for (r, sums) in sums.iter().enumerate() {
+                        for (t, s) in sums.iter().enumerate() {
+                            tile[(t0 + t) * count + r0 + r] = *s;
+                        }
+                    }
+                },
+            );
+            return;
+        }
+        if let Prepared::Bf16(xb) = self.prepared {
             let xs: [&[u16]; T] =
                 std::array::from_fn(|t| &xb[(t0 + t) * cols..(t0 + t + 1) * cols]);
             let count = self.tile.len() / self.tokens;
@@ -105,8 +126,9 @@ impl BlockJob for Tile<'_> {
 /// `out[t, n] = sum_k x[t, k] * w[n, k] + bias[n]` for `tokens` rows of `x` (`[tokens, cols]`),
 /// writing `out` (`[tokens, rows]`), in the [`Strided`] order: bitwise [`super::dot`] of the
 /// decoded row, plus the bias (or `+0.0`); or, where the matrix's products round their inputs
-/// to bf16 ([`WeightMatrix::activations`]), in the order of [`super::bf16_partial`] on the
-/// rounded inputs. Runs on the rayon pool.
+/// to bf16 or quantize them to MXINT8 ([`WeightMatrix::activations`], [`ActivationDtype::numerics`]),
+/// in the order of [`super::bf16_partial`] or [`super::mxint8_partial`] on the prepared
+/// inputs. Runs on the rayon pool.
 pub fn matmul(x: &[f32], tokens: usize, w: &WeightMatrix, bias: Option<&[f32]>, out: &mut [f32]) {
     matmul_with(x, tokens, w, bias, out, KernelChoice::Auto)
 }
@@ -129,7 +151,7 @@ pub fn matmul_with(
     if tokens == 0 || rows == 0 {
         return;
     }
-    let rounded = rounds_inputs(w).then(|| rounded(x));
+    let prepared = PreparedInput::new(x, tokens, w);
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     // With one thread in the pool, handing the tasks to it would only make this thread sleep
     // while that one runs them (a wake-up each way, per product).
@@ -140,7 +162,7 @@ pub fn matmul_with(
         let run = |(task, dst): (usize, &mut [f32])| {
             one_token_rows(
                 x,
-                rounded.as_deref(),
+                prepared.view(),
                 w,
                 bias,
                 task * ROWS_PER_TASK,
@@ -161,7 +183,7 @@ pub fn matmul_with(
         let mut buf = vec![0f32; count * tokens];
         let mut tile = Tile {
             x,
-            x_bf16: rounded.as_deref(),
+            prepared: prepared.view(),
             tokens,
             w,
             n0,
@@ -189,17 +211,66 @@ pub fn matmul_with(
     }
 }
 
-/// Whether products with `w` take their inputs rounded to bf16.
-fn rounds_inputs(w: &WeightMatrix) -> bool {
-    w.activations()
-        .rounds(BlockFormat::of(w.format()), w.cols())
+/// An input as a matrix's products take it (see [`ActivationDtype::numerics`]).
+#[derive(Debug, Clone, Copy)]
+enum Prepared<'a> {
+    /// The f32 values as they are.
+    F32,
+    /// Rounded to bf16.
+    Bf16(&'a [u16]),
+    /// Quantized to MXINT8, one row per token.
+    Mxint8(&'a Mxint8Input),
 }
 
-/// `x` rounded to bf16, for a matrix whose products take rounded inputs.
-fn rounded(x: &[f32]) -> Vec<u16> {
-    let mut xb = Vec::new();
-    round_rows(x, &mut xb);
-    xb
+/// What an input's preparation for a matrix depends on: the numerics, and for MXINT8 whether
+/// the weights are MXINT8 (their scale index bases differ from MXFP4's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Preparation(ActivationDtype, bool);
+
+impl Preparation {
+    fn of(w: &WeightMatrix) -> Self {
+        let format = BlockFormat::of(w.format());
+        Preparation(
+            w.activations().numerics(format, w.cols()),
+            format == BlockFormat::Mxint8,
+        )
+    }
+}
+
+/// The owned form of [`Prepared`].
+#[derive(Debug)]
+enum PreparedInput {
+    F32,
+    Bf16(Vec<u16>),
+    Mxint8(Mxint8Input),
+}
+
+impl PreparedInput {
+    /// `tokens` rows of `x` prepared for products with `w`.
+    fn new(x: &[f32], tokens: usize, w: &WeightMatrix) -> Self {
+        let format = BlockFormat::of(w.format());
+        match w.activations().numerics(format, w.cols()) {
+            ActivationDtype::F32 => PreparedInput::F32,
+            ActivationDtype::Bf16 => {
+                let mut xb = Vec::new();
+                round_rows(x, &mut xb);
+                PreparedInput::Bf16(xb)
+            }
+            ActivationDtype::Mxint8 => {
+                let mut q = Mxint8Input::default();
+                q.quantize(x, tokens, w.cols(), format);
+                PreparedInput::Mxint8(q)
+            }
+        }
+    }
+
+    fn view(&self) -> Prepared<'_> {
+        match self {
+            PreparedInput::F32 => Prepared::F32,
+            PreparedInput::Bf16(xb) => Prepared::Bf16(xb),
+            PreparedInput::Mxint8(q) => Prepared::Mxint8(q),
+        }
+    }
 }
 
 /// Adds the bias (or `+0.0`, which turns a `-0.0` sum into `+0.0` as the definition does) to
@@ -214,7 +285,7 @@ fn add_bias(bias: Option<&[f32]>, n0: usize, dst: &mut [f32]) {
 /// Outputs `n0..n0 + dst.len()` of one token's product, written in place.
 fn one_token_rows(
     x: &[f32],
-    x_bf16: Option<&[u16]>,
+    prepared: Prepared<'_>,
     w: &WeightMatrix,
     bias: Option<&[f32]>,
     n0: usize,
@@ -226,7 +297,7 @@ fn one_token_rows(
         1,
         &mut Tile {
             x,
-            x_bf16,
+            prepared,
             tokens: 1,
             w,
             n0,
@@ -256,8 +327,9 @@ pub struct MatVec<'a> {
 /// each per product.
 pub fn matvecs(jobs: Vec<MatVec<'_>>) {
     let mut inputs = Vec::with_capacity(jobs.len());
-    // Inputs rounded to bf16, once per distinct input (a layer's products share one).
-    let mut roundings: Vec<(&[f32], Vec<u16>)> = Vec::new();
+    // Inputs rounded or quantized, once per distinct input and preparation (a layer's products
+    // share one).
+    let mut preparations: Vec<(&[f32], Preparation, PreparedInput)> = Vec::new();
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     for (i, job) in jobs.into_iter().enumerate() {
         let (rows, cols) = (job.w.rows(), job.w.cols());
@@ -266,22 +338,22 @@ pub fn matvecs(jobs: Vec<MatVec<'_>>) {
         if let Some(b) = job.bias {
             assert_eq!(b.len(), rows, "matvec bias size");
         }
-        let rounding = rounds_inputs(job.w).then(|| {
-            let same = |(x, _): &(&[f32], Vec<u16>)| std::ptr::eq(*x, job.x);
-            roundings.iter().position(same).unwrap_or_else(|| {
-                roundings.push((job.x, rounded(job.x)));
-                roundings.len() - 1
-            })
+        let how = Preparation::of(job.w);
+        let same =
+            |(x, h, _): &(&[f32], Preparation, PreparedInput)| std::ptr::eq(*x, job.x) && *h == how;
+        let at = preparations.iter().position(same).unwrap_or_else(|| {
+            preparations.push((job.x, how, PreparedInput::new(job.x, 1, job.w)));
+            preparations.len() - 1
         });
-        inputs.push((job.x, rounding, job.w, job.bias));
+        inputs.push((job.x, at, job.w, job.bias));
         for (c, dst) in job.out.chunks_mut(ROWS_PER_TASK).enumerate() {
             tasks.push((i, c * ROWS_PER_TASK, dst));
         }
     }
     let run = |(i, n0, dst): (usize, usize, &mut [f32])| {
-        let (x, rounding, w, bias) = inputs[i];
-        let x_bf16 = rounding.map(|r| roundings[r].1.as_slice());
-        one_token_rows(x, x_bf16, w, bias, n0, dst, KernelChoice::Auto);
+        let (x, at, w, bias) = inputs[i];
+        let prepared = preparations[at].2.view();
+        one_token_rows(x, prepared, w, bias, n0, dst, KernelChoice::Auto);
     };
     if tasks.len() <= 1 || rayon::current_num_threads() == 1 {
         tasks.into_iter().for_each(run);

@@ -20,9 +20,11 @@
 //!
 //! A third order, opt-in, rounds the inputs to bf16 and adds pairs of products as the CPU's
 //! AVX-512 BF16 instruction does ([`ActivationDtype::Bf16`], [`bf16_partial`],
-//! [`bf16_block_sums`]);
-//! both callers use it where a matrix says so ([`crate::WeightMatrix::activations`], the card's
-//! program), and it too gives the same bits on every path.
+//! [`bf16_block_sums`]). A fourth quantizes the inputs to MXINT8 and sums each block's
+//! products exactly in integers, as a Corsair card and llama.cpp's MXFP4 path do
+//! ([`ActivationDtype::Mxint8`], [`mxint8_partial`], [`mxint8_block_sums`]). Both callers use
+//! them where a matrix says so ([`crate::WeightMatrix::activations`], the card's program), and
+//! they too give the same bits on every path.
 //!
 //! A block's 32 values reach the 16 lanes as two vectors ([`Lanes`]): the first and second
 //! half of the stored block, or its even and odd elements. [`Paired`] deinterleaves bf16, f16
@@ -34,12 +36,15 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_bf16;
 #[cfg(target_arch = "x86_64")]
+mod avx2_mxint8;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
 mod bf16;
 mod block;
 mod matmul;
+mod mxint8;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -50,6 +55,10 @@ pub use bf16::{
 };
 pub use block::{BlockFormat, BlockRows, Lanes, Strides, decode_block, decode_value};
 pub use matmul::{MatVec, matmul, matmul_with, matvecs};
+pub use mxint8::{
+    FP4_TIMES_TWO, MAX_EXPONENT, MIN_EXPONENT, MX_LANES, Mxint8Input, Mxint8Row, NON_FINITE,
+    block_scale, fold_mx_lanes, mxint8_block_sums, mxint8_partial, power_of_two, quantize_block,
+};
 
 /// Lanes of the fixed-order sums (one AVX-512 register of f32).
 pub const LANES: usize = 16;
@@ -371,6 +380,8 @@ pub fn prefetch_start(bytes: &[u8], limit: usize) {
 
 #[cfg(test)]
 mod bf16_tests;
+#[cfg(test)]
+mod mxint8_tests;
 #[cfg(test)]
 mod row_pairs_tests;
 #[cfg(test)]

@@ -81,6 +81,9 @@ fn check<const R: usize, const T: usize>(blocks: usize, r0: usize, seed: u64) {
         })
         .collect();
     let xs: [&[f32]; T] = std::array::from_fn(|t| &x[t][..]);
+    let mut q = Mxint8Input::default();
+    q.quantize(&x.concat(), T, blocks * BLOCK, BlockFormat::Mxfp4);
+    let xq: [Mxint8Row<'_>; T] = std::array::from_fn(|t| q.row(t));
     let xbs: [&[u16]; T] = std::array::from_fn(|t| &xb[t][..]);
     let reduction = Reduction {
         segment: 3,
@@ -94,11 +97,12 @@ fn check<const R: usize, const T: usize>(blocks: usize, r0: usize, seed: u64) {
             match which {
                 0 => block_sums::<Paired, R, T>(w, &xs, &reduction, kernel, &mut push),
                 1 => block_sums::<Strided, R, T>(w, &xs, &reduction, kernel, &mut push),
-                _ => bf16_block_sums::<R, T>(w, &xbs, &reduction, kernel, &mut push),
+                2 => bf16_block_sums::<R, T>(w, &xbs, &reduction, kernel, &mut push),
+                _ => mxint8_block_sums::<R, T>(w, &xq, &reduction, kernel, &mut push),
             }
             got
         };
-        for which in 0..3 {
+        for which in 0..4 {
             let want = run(&one, which);
             assert_eq!(want.len(), R * T * blocks.div_ceil(3));
             assert_eq!(

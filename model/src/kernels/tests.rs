@@ -86,7 +86,8 @@ proptest! {
             matmul(&x[t * cols..(t + 1) * cols], 1, &m, None, &mut single);
             prop_assert_eq!(&single[..], &out[t * rows..(t + 1) * rows]);
             for n in 0..rows {
-                prop_assert_eq!(single[n], dot(&x[t * cols..(t + 1) * cols], &w[n * cols..(n + 1) * cols]));
+                let (input, row) = (&x[t * cols..(t + 1) * cols], &w[n * cols..(n + 1) * cols]);
+                prop_assert_eq!(single[n], dot(input, row));
             }
         }
     }

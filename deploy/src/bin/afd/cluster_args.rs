@@ -53,9 +53,11 @@ pub struct NodeArgs {
     /// Weight format on the cards: as-stored, bf16, mxfp4 or mxint8.
     #[arg(long, default_value = "as-stored")]
     pub format: FormatChoice,
-    /// What matrix products round their inputs to: f32 (exact, the fixtures' numerics) or
-    /// bf16 (as a bf16 model computes in PyTorch or llama.cpp: bf16 and MXFP4 weights take
-    /// AVX-512 BF16 dot products, or AVX2 multiply-adds with the same bits, sums stay f32).
+    /// What matrix products round their inputs to: f32 (exact, the fixtures' numerics), bf16
+    /// (as a bf16 model computes in PyTorch or llama.cpp: bf16 and MXFP4 weights take AVX-512
+    /// BF16 dot products, or AVX2 multiply-adds with the same bits, sums stay f32) or mxint8
+    /// (MXFP4 and MXINT8 weights take inputs quantized to MXINT8 and integer block sums, as a
+    /// Corsair card and llama.cpp's MXFP4 path compute; bf16 weights as with bf16).
     #[arg(long, default_value = "f32")]
     pub activation_dtype: ActivationDtype,
     /// Let expert weights that do not fit in SRAM stream from LPDDR (modeled cost).
@@ -138,16 +140,16 @@ impl NodeArgs {
     }
 }
 
-/// Refuses bf16 activations for a model run on a GPU: the option is a setting of afd's CPU
-/// kernels, and the device path computes in f32.
+/// Refuses bf16 or MXINT8 activations for a model run on a GPU: the option is a setting of
+/// afd's CPU kernels, and the device path computes in f32.
 pub fn check_device_numerics(
     device: AttentionDevice,
     activations: ActivationDtype,
 ) -> anyhow::Result<()> {
-    if !device.is_host() && activations == ActivationDtype::Bf16 {
+    if !device.is_host() && activations != ActivationDtype::F32 {
         anyhow::bail!(
-            "--activation-dtype bf16 applies to afd's CPU kernels, but the whole model runs on \
-             {device}, which computes in f32; drop --activation-dtype or use --device cpu"
+            "--activation-dtype {activations} applies to afd's CPU kernels, but the whole model \
+             runs on {device}, which computes in f32; drop --activation-dtype or use --device cpu"
         );
     }
     Ok(())
@@ -164,6 +166,8 @@ mod tests {
         let e = check_device_numerics(gpu, ActivationDtype::Bf16).unwrap_err();
         assert!(e.to_string().contains("--activation-dtype"), "{e}");
         assert!(check_device_numerics(gpu, ActivationDtype::F32).is_ok());
+        let e = check_device_numerics(gpu, ActivationDtype::Mxint8).unwrap_err();
+        assert!(e.to_string().contains("mxint8"), "{e}");
         assert!(check_device_numerics(cpu, ActivationDtype::Bf16).is_ok());
     }
 }

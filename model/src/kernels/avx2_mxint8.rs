@@ -1,0 +1,293 @@
+//! The AVX2 path of [`super::mxint8`]: a block's 32 weight integers in one register (an MXFP4
+//! nibble's value by one `vpshufb`), multiplied with the input's int8 values and summed in
+//! pairs by `vpmaddubsw`, the pairs in fours by `vpmaddwd`, which leaves lane `i` the exact
+//! sum of elements `4i..4i + 4`; one conversion and one fused multiply-add by the block's
+//! scale per lane. An MXFP4 weight decodes in 3 instructions (in row pairs, shared by two
+//! rows) where the f32 and bf16 orders take 8 or more.
+//!
+//! `vpmaddubsw` multiplies unsigned bytes by signed ones, so one operand is made unsigned and
+//! the other takes its sign: MXFP4 weights (at most 12 in magnitude) take the input's sign
+//! against its magnitude, MXINT8 weights (which may be -128, whose magnitude only fits
+//! unsigned) give theirs to the input. No pair of products overflows 16 bits: 128 * 127 * 2.
+//!
+//! A plain MXFP4 block is widened 16 bits to 32, which puts element `4i`, `4i + 2`, `4i + 1`
+//! and `4i + 3` in lane `i`'s bytes; the input's bytes are swapped to match. The sums are the
+//! same: only which products share a lane matters, not their order inside it.
+
+use super::mxint8::{FP4_TIMES_TWO, Mxint8Row, SCALE_TABLE};
+use super::x86::{
+    MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, MXINT8, data_at, prefetch, second_of_pair,
+};
+use super::{BLOCK, BlockFormat, BlockRows, Reduction, Sink};
+use std::arch::x86_64::*;
+
+/// See [`super::mxint8::mxint8_block_sums`].
+///
+/// # Safety
+/// The CPU must have the features of [`super::avx2::available`]; `w` and `x` must hold every
+/// block the call reads ([`BlockRows::check`]).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn block_sums<const R: usize, const T: usize>(
+    w: &BlockRows<'_, R>,
+    x: &[Mxint8Row<'_>; T],
+    reduction: &Reduction,
+    emit: impl Sink<R, T>,
+) {
+    macro_rules! go {
+        ($f:expr) => {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                if w.prefetch > 0 && w.prefetch_steps(reduction.blocks.end).is_some() {
+                    sums::<{ $f }, R, T, true>(w, x, reduction, emit)
+                } else {
+                    sums::<{ $f }, R, T, false>(w, x, reduction, emit)
+                }
+            }
+        };
+    }
+    match w.format {
+        BlockFormat::Mxfp4 => go!(MXFP4),
+        BlockFormat::Mxfp4RowPairs if w.pair_offset == 1 => go!(MXFP4_PAIRS_SECOND),
+        BlockFormat::Mxfp4RowPairs => go!(MXFP4_PAIRS),
+        _ => go!(MXINT8),
+    }
+}
+
+/// Rows of a sub-block for one input.
+const SUB_ROWS_ONE_INPUT: usize = 8;
+
+/// What a segment's sub-blocks share.
+struct Shape {
+    /// The whole register block's prefetch steps (`BlockRows::prefetch_steps`).
+    steps: (usize, usize),
+    rows_first: bool,
+    /// Whether this sub-block starts the register block (and runs its prefetch).
+    fresh: bool,
+}
+
+/// # Safety
+/// As [`block_sums`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool>(
+    w: &BlockRows<'_, R>,
+    x: &[Mxint8Row<'_>; T],
+    reduction: &Reduction,
+    mut emit: impl Sink<R, T>,
+) {
+    let steps = w.prefetch_steps(reduction.blocks.end).unwrap_or((0, 0));
+    let rows_first = w.rows_first::<T>();
+    for s in 0..reduction.segments() {
+        let segment = reduction.segment_blocks(s);
+        let mut out = [[0f32; T]; R];
+        macro_rules! call {
+            ($rr:literal, $tt:literal, $r0:expr, $t0:expr) => {{
+                let view = w.rows_from::<$rr>($r0);
+                let shape = Shape {
+                    steps,
+                    rows_first,
+                    fresh: $r0 == 0 && $t0 == 0,
+                };
+                let xs: [Mxint8Row<'_>; $tt] = std::array::from_fn(|t| x[$t0 + t]);
+                // SAFETY: forwarded from the caller.
+                let got: [[f32; $tt]; $rr] = unsafe {
+                    if !matches!(F, MXFP4_PAIRS | MXFP4_PAIRS_SECOND) {
+                        sub::<F, $rr, $tt, PREFETCH>(&view, &xs, &segment, &shape)
+                    } else if view.pair_offset == 1 {
+                        sub::<MXFP4_PAIRS_SECOND, $rr, $tt, PREFETCH>(&view, &xs, &segment, &shape)
+                    } else {
+                        sub::<MXFP4_PAIRS, $rr, $tt, PREFETCH>(&view, &xs, &segment, &shape)
+                    }
+                };
+                for (r, row) in got.iter().enumerate() {
+                    out[$r0 + r][$t0..$t0 + $tt].copy_from_slice(row);
+                }
+                $tt
+            }};
+        }
+        // Sub-blocks of at most 8 products (one accumulator register each).
+        let per = match T {
+            1 => SUB_ROWS_ONE_INPUT,
+            2 => 2,
+            _ => 1,
+        };
+        let mut r0 = 0;
+        while r0 < R {
+            let rr = [8, 4, 2, 1]
+                .into_iter()
+                .find(|&n| n <= per && n <= R - r0)
+                .unwrap_or(1);
+            let mut t0 = 0;
+            while t0 < T {
+                t0 += match (rr, T - t0) {
+                    (8, _) => call!(8, 1, r0, t0),
+                    (4, 1) => call!(4, 1, r0, t0),
+                    (4, _) => call!(4, 2, r0, t0),
+                    (2, 1) => call!(2, 1, r0, t0),
+                    (2, 2) => call!(2, 2, r0, t0),
+                    (2, 3) => call!(2, 3, r0, t0),
+                    (2, _) => call!(2, 4, r0, t0),
+                    (_, 1) => call!(1, 1, r0, t0),
+                    (_, 2) => call!(1, 2, r0, t0),
+                    (_, 3) => call!(1, 3, r0, t0),
+                    _ => call!(1, 4, r0, t0),
+                };
+            }
+            r0 += rr;
+        }
+        emit.segment(s, &out);
+    }
+}
+
+/// The 32 weight integers of the block at `data` in one register, in the byte order the
+/// format widens to (see the module docs); a row pair's block gives its second row's when
+/// `second`.
+///
+/// # Safety
+/// The block's bytes must be readable; AVX2 must be available.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn weight_integers<const F: u8>(second: bool, data: *const u8, lut: __m256i) -> __m256i {
+    let nibbles = _mm256_set1_epi8(0x0f);
+    // SAFETY: the caller guarantees the block's bytes are readable.
+    unsafe {
+        match F {
+            MXFP4_PAIRS | MXFP4_PAIRS_SECOND => {
+                let v = _mm256_loadu_si256(data.cast());
+                let v = if second { _mm256_srli_epi16::<4>(v) } else { v };
+                _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nibbles))
+            }
+            MXFP4 => {
+                let d = _mm256_cvtepu16_epi32(_mm_loadu_si128(data.cast()));
+                let spread = _mm256_or_si256(d, _mm256_slli_epi32::<12>(d));
+                _mm256_shuffle_epi8(lut, _mm256_and_si256(spread, nibbles))
+            }
+            _ => _mm256_loadu_si256(data.cast()),
+        }
+    }
+}
+
+/// One input block: its int8 values in the weights' byte order, and their magnitudes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn input_block<const F: u8>(values: *const i8) -> (__m256i, __m256i) {
+    // SAFETY: the caller guarantees the block's 32 bytes are readable.
+    let q = unsafe { _mm256_loadu_si256(values.cast()) };
+    let q = if F == MXFP4 {
+        // Elements 4i, 4i + 2, 4i + 1, 4i + 3 in each 32-bit lane, as the widened nibbles.
+        let swap = _mm256_setr_epi8(
+            0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15, 0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9,
+            11, 12, 14, 13, 15,
+        );
+        _mm256_shuffle_epi8(q, swap)
+    } else {
+        q
+    };
+    (q, _mm256_abs_epi8(q))
+}
+
+/// `acc + sums(n * q) * scale`, lane `i` summing elements `4i..4i + 4` of the block.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn add_products<const F: u8>(
+    acc: __m256,
+    n: __m256i,
+    (q, q_magnitude): (__m256i, __m256i),
+    scale: __m256,
+) -> __m256 {
+    let pairs = if F == MXINT8 {
+        _mm256_maddubs_epi16(_mm256_abs_epi8(n), _mm256_sign_epi8(q, n))
+    } else {
+        _mm256_maddubs_epi16(q_magnitude, _mm256_sign_epi8(n, q))
+    };
+    let fours = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(fours), scale, acc)
+}
+
+/// The 8 lanes of `acc` folded by the halving tree (widths 4, 2, 1).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn fold(acc: __m256) -> f32 {
+    let four = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    let one = _mm_add_ss(two, _mm_shuffle_ps::<1>(two, two));
+    _mm_cvtss_f32(one)
+}
+
+/// The rows `w` (a sub-block's) against inputs `x` over the blocks `segment`, folded.
+///
+/// # Safety
+/// As [`block_sums`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sub<const F: u8, const RR: usize, const TT: usize, const PREFETCH: bool>(
+    w: &BlockRows<'_, RR>,
+    x: &[Mxint8Row<'_>; TT],
+    segment: &std::ops::Range<usize>,
+    shape: &Shape,
+) -> [[f32; TT]; RR] {
+    let (data, scales) = (w.data.as_ptr(), w.scales.as_ptr());
+    // SAFETY: FP4_TIMES_TWO is 16 bytes.
+    let lut =
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(FP4_TIMES_TWO.as_ptr().cast()) });
+    let mut acc = [[_mm256_setzero_ps(); TT]; RR];
+    // SAFETY (`weights`, `scale`): block b of every row and its scale byte are inside the rows
+    // (checked by the caller); a scale index is a scale byte plus a base, inside the table.
+    macro_rules! weights {
+        ($r:expr, $b:expr) => {
+            unsafe {
+                (
+                    weight_integers::<F>(
+                        second_of_pair::<F>($r),
+                        data.add(data_at::<F, RR>(w, $r, $b)),
+                        lut,
+                    ),
+                    usize::from(*scales.add(w.scale_at($r, $b))),
+                )
+            }
+        };
+    }
+    macro_rules! scale {
+        ($byte:expr, $base:expr) => {
+            unsafe { _mm256_broadcast_ss(SCALE_TABLE.get_unchecked($byte + $base)) }
+        };
+    }
+    if shape.rows_first {
+        // Row by row, each front to back (see `BlockRows::rows_first`); one input.
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for b in segment.clone() {
+                let (n, byte) = weights!(r, b);
+                // SAFETY: the input holds block b (checked by the caller).
+                let q = unsafe { input_block::<F>(x[0].values.as_ptr().add(b * BLOCK)) };
+                let base = usize::from(x[0].bases[b]);
+                acc[0] = add_products::<F>(acc[0], n, q, scale!(byte, base));
+            }
+        }
+    } else {
+        for b in segment.clone() {
+            if PREFETCH && shape.fresh {
+                prefetch::<F, RR>(w, data, scales, shape.steps, b);
+            }
+            // Loops rather than closures: a closure does not inherit the target features, so
+            // what it calls would not be inlined.
+            let mut inputs = [(_mm256_setzero_si256(), _mm256_setzero_si256()); TT];
+            let mut bases = [0usize; TT];
+            for t in 0..TT {
+                // SAFETY: every input holds block b (checked by the caller).
+                inputs[t] = unsafe { input_block::<F>(x[t].values.as_ptr().add(b * BLOCK)) };
+                bases[t] = usize::from(x[t].bases[b]);
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let (n, byte) = weights!(r, b);
+                for ((acc, &q), &base) in acc.iter_mut().zip(&inputs).zip(&bases) {
+                    *acc = add_products::<F>(*acc, n, q, scale!(byte, base));
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; TT]; RR];
+    for (out, acc) in out.iter_mut().zip(&acc) {
+        for (o, &a) in out.iter_mut().zip(acc) {
+            *o = fold(a);
+        }
+    }
+    out
+}
