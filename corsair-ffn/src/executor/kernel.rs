@@ -1,6 +1,7 @@
 //! The tile kernel: segment partials of one weight tile against a block of tokens, straight
 //! from the tile's storage bytes, by the shared matrix kernel of [`model::kernels`] in the
-//! card's [`Paired`] order (weights are decoded inside the loop, never expanded).
+//! card's [`Paired`] order, or the bf16 or MXINT8 order where the program marks the matrix so
+//! ([`TileInput`]); weights are decoded inside the loop, never expanded.
 //!
 //! Inputs are "pair-ordered": within each 32-element block, the 16 even elements then the 16
 //! odd ones ([`pair_order`]), so lane `l` meets element `2l` then `2l + 1`, as the numerics
