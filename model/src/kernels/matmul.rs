@@ -5,8 +5,8 @@ use rayon::prelude::*;
 
 use super::{
     BLOCK, BlockFormat, BlockJob, BlockRows, KernelChoice, LANES, Mxint8Input, Mxint8Row,
-    Reduction, Strided, Strides, bf16_block_sums, block_sums, mxint8_block_sums, register_blocks,
-    round_rows,
+    Reduction, Sink, Strided, Strides, bf16_block_sums, block_sums, mxint8_block_sums,
+    register_blocks, round_rows,
 };
 use crate::kernels::ActivationDtype;
 use crate::weights::WeightMatrix;
@@ -63,12 +63,11 @@ impl BlockJob for Tile<'_> {
                 &xs,
                 &Reduction::whole(0..cols / BLOCK),
                 self.kernel,
-                |_, sums: &[[f32; T]; R]| {
-                    for (r, sums) in sums.iter().enumerate() {
-                        for (t, s) in sums.iter().enumerate() {
-                            tile[(t0 + t) * count + r0 + r] = *s;
-                        }
-                    }
+                TileSums {
+                    tile,
+                    count,
+                    r0,
+                    t0,
                 },
             );
             return;
@@ -83,12 +82,11 @@ impl BlockJob for Tile<'_> {
                 &xs,
                 &Reduction::whole(0..cols / BLOCK),
                 self.kernel,
-                |_, sums: &[[f32; T]; R]| {
-                    for (r, sums) in sums.iter().enumerate() {
-                        for (t, s) in sums.iter().enumerate() {
-                            tile[(t0 + t) * count + r0 + r] = *s;
-                        }
-                    }
+                TileSums {
+                    tile,
+                    count,
+                    r0,
+                    t0,
                 },
             );
             return;
@@ -126,9 +124,9 @@ impl BlockJob for Tile<'_> {
 /// `out[t, n] = sum_k x[t, k] * w[n, k] + bias[n]` for `tokens` rows of `x` (`[tokens, cols]`),
 /// writing `out` (`[tokens, rows]`), in the [`Strided`] order: bitwise [`super::dot`] of the
 /// decoded row, plus the bias (or `+0.0`); or, where the matrix's products round their inputs
-/// to bf16 or quantize them to MXINT8 ([`WeightMatrix::activations`], [`ActivationDtype::numerics`]),
-/// in the order of [`super::bf16_partial`] or [`super::mxint8_partial`] on the prepared
-/// inputs. Runs on the rayon pool.
+/// to bf16 or quantize them to MXINT8 ([`WeightMatrix::activations`],
+/// [`ActivationDtype::numerics`]), in the order of [`super::bf16_partial`] or
+/// [`super::mxint8_partial`] on the prepared inputs. Runs on the rayon pool.
 pub fn matmul(x: &[f32], tokens: usize, w: &WeightMatrix, bias: Option<&[f32]>, out: &mut [f32]) {
     matmul_with(x, tokens, w, bias, out, KernelChoice::Auto)
 }
@@ -207,6 +205,26 @@ pub fn matmul_with(
             let dst = &mut out[t * rows + n0..t * rows + n0 + count];
             dst.copy_from_slice(run);
             add_bias(bias, n0, dst);
+        }
+    }
+}
+
+/// Where a register block's sums over whole rows (one segment) go: row `r0 + r` of token
+/// `t0 + t` at `tile[(t0 + t) * count + r0 + r]`.
+struct TileSums<'a> {
+    tile: &'a mut [f32],
+    count: usize,
+    r0: usize,
+    t0: usize,
+}
+
+impl<const R: usize, const T: usize> Sink<R, T> for TileSums<'_> {
+    #[inline(always)]
+    fn segment(&mut self, _: usize, sums: &[[f32; T]; R]) {
+        for (r, sums) in sums.iter().enumerate() {
+            for (t, s) in sums.iter().enumerate() {
+                self.tile[(self.t0 + t) * self.count + self.r0 + r] = *s;
+            }
         }
     }
 }

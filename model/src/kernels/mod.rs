@@ -151,8 +151,14 @@ impl SumOrder for Paired {
 /// The fixed halving tree over 16 lane sums: for widths 8, 4, 2, 1, `acc[l] += acc[l + width]`;
 /// `acc[0]` is the result. Every kernel path folds its registers by this tree.
 #[inline(always)]
-pub fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
-    let mut width = LANES / 2;
+pub fn fold_lanes(acc: [f32; LANES]) -> f32 {
+    halving_fold(acc)
+}
+
+/// The halving tree over any power-of-two number of lanes (see [`fold_lanes`]).
+#[inline(always)]
+pub(crate) fn halving_fold<const N: usize>(mut acc: [f32; N]) -> f32 {
+    let mut width = N / 2;
     while width > 0 {
         for l in 0..width {
             acc[l] += acc[l + width];

@@ -171,7 +171,7 @@ impl Mxint8Input {
                 padded[..src.len()].copy_from_slice(src);
                 padded[src.len()..].fill(0.0);
                 let (q, e) = quantize_block(&padded);
-                dst.copy_from_slice(&q.map(|v| v as u8 as i8));
+                dst.copy_from_slice(&q);
                 self.exponents.push(e);
                 self.bases.push(scale_base(format, e));
             }
@@ -240,15 +240,8 @@ pub(super) fn weight_integers<const R: usize>(
 
 /// The halving tree over the 8 lanes: widths 4, 2, 1.
 #[inline(always)]
-pub fn fold_mx_lanes(mut acc: [f32; MX_LANES]) -> f32 {
-    let mut width = MX_LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-        width /= 2;
-    }
-    acc[0]
+pub fn fold_mx_lanes(acc: [f32; MX_LANES]) -> f32 {
+    super::halving_fold(acc)
 }
 
 /// Step 3 for one block: the lanes `acc` take the block's products of integers `n` and `q`.
