@@ -63,7 +63,7 @@ fn main() {
             dst.copy_from_slice(&src);
             std::hint::black_box(&dst);
         });
-        for tokens in [1usize, 4, 16, 32] {
+        for tokens in [1usize, 4, 16, 64] {
             let x: Vec<f32> = (0..tokens * cols).map(|i| (i % 13) as f32 * 0.01).collect();
             let mut out = vec![0f32; tokens * rows];
             let t = best_of(7, || {

@@ -315,7 +315,9 @@ pub fn tile_partials(
         TileInput::Paired(_) => false,
         TileInput::Mxint8 { .. } => tokens >= 2,
     };
-    if pairs {
+    if matches!(x, TileInput::Mxint8 { .. }) && tile.format == TileFormat::Mxfp4 && tokens >= 3 {
+        quad_blocks(tile.rows, tokens, &mut job);
+    } else if pairs {
         pair_blocks(tile.rows, tokens, &mut job);
     } else {
         register_blocks(tile.rows, tokens, &mut job);
@@ -350,6 +352,37 @@ fn pair_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
     while r < rows {
         token_pairs::<1>(r, tokens, job);
         r += 1;
+    }
+}
+
+/// Whole row groups against up to 4 tokens at a time (see [`pair_blocks`] for the rows).
+fn quad_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
+    let mut r = 0;
+    while r + ROW_GROUP <= rows {
+        token_quads::<8>(r, tokens, job);
+        r += ROW_GROUP;
+    }
+    if r + 4 <= rows {
+        token_quads::<4>(r, tokens, job);
+        r += 4;
+    }
+    while r < rows {
+        token_quads::<1>(r, tokens, job);
+        r += 1;
+    }
+}
+
+/// Rows `r..r + R` against every token, up to four at a time.
+fn token_quads<const R: usize>(r: usize, tokens: usize, job: &mut impl BlockJob) {
+    let mut t = 0;
+    while t < tokens {
+        match tokens - t {
+            1 => job.run::<R, 1>(r, t),
+            2 => job.run::<R, 2>(r, t),
+            3 => job.run::<R, 3>(r, t),
+            _ => job.run::<R, 4>(r, t),
+        }
+        t += (tokens - t).min(4);
     }
 }
 

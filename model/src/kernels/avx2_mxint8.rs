@@ -14,7 +14,7 @@
 //! and `4i + 3` in lane `i`'s bytes; the input's bytes are swapped to match. The sums are the
 //! same: only which products share a lane matters, not their order inside it.
 
-use super::mxint8::{FP4_TIMES_TWO, Mxint8Row, SCALE_TABLE};
+use super::mxint8::{FP4_OFFSET_TIMES_TWO, FP4_TIMES_TWO, MX_LANES, Mxint8Row, SCALE_TABLE};
 use super::x86::{
     MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, MXINT8, data_at, prefetch, second_of_pair,
 };
@@ -74,11 +74,13 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
     reduction: &Reduction,
     mut emit: impl Sink<R, T>,
 ) {
+    let pairs = matches!(F, MXFP4_PAIRS | MXFP4_PAIRS_SECOND);
     let steps = w.prefetch_steps(reduction.blocks.end).unwrap_or((0, 0));
     let rows_first = w.rows_first::<T>();
     for s in 0..reduction.segments() {
         let segment = reduction.segment_blocks(s);
         let mut out = [[0f32; T]; R];
+        let spacing = if pairs && T >= 2 { spacing(x) } else { None };
         macro_rules! call {
             ($rr:literal, $tt:literal, $r0:expr, $t0:expr) => {{
                 let view = w.rows_from::<$rr>($r0);
@@ -87,15 +89,30 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
                     rows_first,
                     fresh: $r0 == 0 && $t0 == 0,
                 };
-                let xs: [Mxint8Row<'_>; $tt] = std::array::from_fn(|t| x[$t0 + t]);
+                let inputs = || -> [Mxint8Row<'_>; $tt] { std::array::from_fn(|t| x[$t0 + t]) };
                 // SAFETY: forwarded from the caller.
                 let got: [[f32; $tt]; $rr] = unsafe {
-                    if !matches!(F, MXFP4_PAIRS | MXFP4_PAIRS_SECOND) {
-                        sub::<F, $rr, $tt, PREFETCH>(&view, &xs, &segment, &shape)
+                    if let (Some(spacing), true) = (spacing, $tt >= 2) {
+                        if view.pair_offset == 1 {
+                            sub_offset::<MXFP4_PAIRS_SECOND, $rr, $tt, PREFETCH>(
+                                &view, &x[$t0], spacing, &segment, &shape,
+                            )
+                        } else {
+                            sub_offset::<MXFP4_PAIRS, $rr, $tt, PREFETCH>(
+                                &view, &x[$t0], spacing, &segment, &shape,
+                            )
+                        }
+                    } else if !pairs {
+                        sub::<F, $rr, $tt, PREFETCH>(&view, &inputs(), &segment, &shape)
                     } else if view.pair_offset == 1 {
-                        sub::<MXFP4_PAIRS_SECOND, $rr, $tt, PREFETCH>(&view, &xs, &segment, &shape)
+                        sub::<MXFP4_PAIRS_SECOND, $rr, $tt, PREFETCH>(
+                            &view,
+                            &inputs(),
+                            &segment,
+                            &shape,
+                        )
                     } else {
-                        sub::<MXFP4_PAIRS, $rr, $tt, PREFETCH>(&view, &xs, &segment, &shape)
+                        sub::<MXFP4_PAIRS, $rr, $tt, PREFETCH>(&view, &inputs(), &segment, &shape)
                     }
                 };
                 for (r, row) in got.iter().enumerate() {
@@ -104,10 +121,12 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
                 $tt
             }};
         }
-        // Sub-blocks of at most 8 products (one accumulator register each).
+        // Sub-blocks of at most 8 products (one accumulator register each); row pairs
+        // against several inputs take a pair of rows at a time against up to 4 inputs.
         let per = match T {
             1 => SUB_ROWS_ONE_INPUT,
             2 => 2,
+            _ if pairs => 2,
             _ => 1,
         };
         let mut r0 = 0;
@@ -279,6 +298,99 @@ unsafe fn sub<const F: u8, const RR: usize, const TT: usize, const PREFETCH: boo
                 let (n, byte) = weights!(r, b);
                 for ((acc, &q), &base) in acc.iter_mut().zip(&inputs).zip(&bases) {
                     *acc = add_products::<F>(*acc, n, q, scale!(byte, base));
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; TT]; RR];
+    for (out, acc) in out.iter_mut().zip(&acc) {
+        for (o, &a) in out.iter_mut().zip(acc) {
+            *o = fold(a);
+        }
+    }
+    out
+}
+
+/// The blocks from one input to the next when the inputs are rows of one [`Mxint8Input`]
+/// (evenly spaced in all three arrays), which lets [`sub_offset`] reach every input from the
+/// first (a pointer per input and array spilled its registers).
+///
+/// [`Mxint8Input`]: super::mxint8::Mxint8Input
+fn spacing<const T: usize>(x: &[Mxint8Row<'_>; T]) -> Option<usize> {
+    let first = x.first()?;
+    let blocks = first.blocks();
+    let evenly = x.iter().enumerate().all(|(t, x)| {
+        let at = |p: *const u8, q: *const u8| (q as usize).wrapping_sub(p as usize);
+        at(first.values.as_ptr().cast(), x.values.as_ptr().cast()) == t * blocks * BLOCK
+            && at(
+                first.offset_sums.as_ptr().cast(),
+                x.offset_sums.as_ptr().cast(),
+            ) == t * blocks * MX_LANES * 4
+            && at(first.bases.as_ptr().cast(), x.bases.as_ptr().cast()) == t * blocks * 2
+    });
+    evenly.then_some(blocks)
+}
+
+/// [`sub`] for MXFP4 rows in pairs against `TT` inputs from `x0` on, `spacing` blocks apart
+/// ([`spacing`]): the weights decode to their integers plus [`super::mxint8::FP4_OFFSET`]
+/// (unsigned), which `vpmaddubsw` multiplies by the inputs as they are stored; each lane then
+/// takes away the offset times its inputs' sum ([`Mxint8Row::offset_sums`]), which leaves the
+/// exact sums `sub` gets. A product takes 5 instructions besides its scale, where `sub`'s take
+/// 6 and each sub-block prepares its inputs again.
+///
+/// # Safety
+/// As [`block_sums`]; `F` is [`MXFP4_PAIRS`] or [`MXFP4_PAIRS_SECOND`]; the `TT` inputs hold
+/// every block of `segment`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sub_offset<const F: u8, const RR: usize, const TT: usize, const PREFETCH: bool>(
+    w: &BlockRows<'_, RR>,
+    x0: &Mxint8Row<'_>,
+    spacing: usize,
+    segment: &std::ops::Range<usize>,
+    shape: &Shape,
+) -> [[f32; TT]; RR] {
+    const { assert!(matches!(F, MXFP4_PAIRS | MXFP4_PAIRS_SECOND)) };
+    let (data, scales) = (w.data.as_ptr(), w.scales.as_ptr());
+    // SAFETY: FP4_OFFSET_TIMES_TWO is 16 bytes.
+    let lut = _mm256_broadcastsi128_si256(unsafe {
+        _mm_loadu_si128(FP4_OFFSET_TIMES_TWO.as_ptr().cast())
+    });
+    let ones = _mm256_set1_epi16(1);
+    let table = SCALE_TABLE.as_ptr();
+    let (values, sums, bases) = (
+        x0.values.as_ptr(),
+        x0.offset_sums.as_ptr(),
+        x0.bases.as_ptr(),
+    );
+    let mut acc = [[_mm256_setzero_ps(); TT]; RR];
+    for b in segment.clone() {
+        if PREFETCH && shape.fresh {
+            prefetch::<F, RR>(w, data, scales, shape.steps, b);
+        }
+        // SAFETY: block b of every row and its scale byte are inside the rows (checked by the
+        // caller); the inputs hold block b; a scale index is a scale byte plus a base, inside
+        // the table.
+        unsafe {
+            let mut u = [_mm256_setzero_si256(); RR];
+            let mut bytes = [0u32; RR];
+            for r in 0..RR {
+                u[r] = weight_integers::<F>(
+                    second_of_pair::<F>(r),
+                    data.add(data_at::<F, RR>(w, r, b)),
+                    lut,
+                );
+                bytes[r] = u32::from(*scales.add(w.scale_at(r, b)));
+            }
+            for t in 0..TT {
+                let at = t * spacing + b;
+                let q = _mm256_loadu_si256(values.add(at * BLOCK).cast());
+                let offset = _mm256_loadu_si256(sums.add(at * MX_LANES).cast());
+                let base = u32::from(*bases.add(at));
+                for ((acc, &u), &byte) in acc.iter_mut().zip(&u).zip(&bytes) {
+                    let fours = _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones);
+                    let exact = _mm256_sub_epi32(fours, offset);
+                    let scale = _mm256_broadcast_ss(&*table.add((byte + base) as usize));
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, acc[t]);
                 }
             }
         }

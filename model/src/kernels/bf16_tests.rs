@@ -49,7 +49,15 @@ fn check_bf16(format: BlockFormat, blocks: usize, segment: usize, seed: u64) {
 #[test]
 fn bf16_order_equals_its_definition_on_both_paths() {
     for format in [BlockFormat::Bf16, BlockFormat::Mxfp4] {
-        for (blocks, segment, seed) in [(1, 1, 1), (3, 2, 7), (16, 16, 11), (35, 16, 3)] {
+        // Segments of more than 16 blocks: the AVX2 path carries its sums across input chunks.
+        for (blocks, segment, seed) in [
+            (1, 1, 1),
+            (3, 2, 7),
+            (16, 16, 11),
+            (35, 16, 3),
+            (40, 40, 5),
+            (45, 20, 9),
+        ] {
             check_bf16(format, blocks, segment, seed);
         }
     }
@@ -207,7 +215,14 @@ fn activation_dtypes_parse_and_print() {
 /// batch (batch invariance).
 #[test]
 fn matmul_with_bf16_activations_is_the_definition_per_row_and_batch_invariant() {
-    let (rows, cols, tokens) = (37, 96, 6);
+    // 37 rows: one whole task of 32 (the wide register blocks) and 5 more; 1,280 columns: rows
+    // longer than the AVX2 path's input chunks.
+    for cols in [96, 1280] {
+        check_bf16_matmul(37, cols, 6);
+    }
+}
+
+fn check_bf16_matmul(rows: usize, cols: usize, tokens: usize) {
     let bf16 = super::tests::bf16_matrix(rows, cols, 5).0;
     let mxfp4 = super::tests::mxfp4_matrix(rows, cols, 6);
     let x = values(9, tokens * cols);

@@ -188,7 +188,7 @@ pub fn matmul_with(
             tile: &mut buf,
             kernel,
         };
-        register_blocks(count, tokens, &mut tile);
+        task_blocks(count, tokens, &mut tile);
         (n0, buf)
     };
     let tiles: Vec<(usize, Vec<f32>)> = if serial {
@@ -206,6 +206,26 @@ pub fn matmul_with(
             dst.copy_from_slice(run);
             add_bias(bias, n0, dst);
         }
+    }
+}
+
+/// A task's register blocks over several tokens: bf16 products take all of a whole task's rows
+/// against up to 4 tokens at a time, so each token's input is converted once per task and chunk
+/// instead of once per 4 rows; other products take the shared grid ([`register_blocks`]).
+fn task_blocks(count: usize, tokens: usize, job: &mut Tile<'_>) {
+    if count != ROWS_PER_TASK || !matches!(job.prepared, Prepared::Bf16(_)) {
+        register_blocks(count, tokens, job);
+        return;
+    }
+    let mut t = 0;
+    while t < tokens {
+        match tokens - t {
+            1 => job.run::<ROWS_PER_TASK, 1>(0, t),
+            2 => job.run::<ROWS_PER_TASK, 2>(0, t),
+            3 => job.run::<ROWS_PER_TASK, 3>(0, t),
+            _ => job.run::<ROWS_PER_TASK, 4>(0, t),
+        }
+        t += (tokens - t).min(4);
     }
 }
 

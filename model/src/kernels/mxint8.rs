@@ -48,6 +48,23 @@ const SCALE_TABLE_LEN: usize = NON_FINITE_BASE as usize + 256;
 /// FP4 nibble -> its value times two, as an integer.
 pub const FP4_TIMES_TWO: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
+/// What [`FP4_OFFSET_TIMES_TWO`] adds to every MXFP4 integer, so that none is negative.
+pub const FP4_OFFSET: i32 = 12;
+
+/// FP4 nibble -> its value times two plus [`FP4_OFFSET`]: 0 to 24. The vector paths multiply
+/// these unsigned bytes by the signed inputs directly (`vpmaddubsw` wants one operand unsigned)
+/// and take away [`FP4_OFFSET`] times each lane's input sum ([`Mxint8Row::offset_sums`]):
+/// the same exact integers, without making each product's operand unsigned first.
+pub const FP4_OFFSET_TIMES_TWO: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (FP4_TIMES_TWO[i] as i32 + FP4_OFFSET) as u8;
+        i += 1;
+    }
+    t
+};
+
 /// `2^k` in f32: exact from 2^-149 to 2^127, zero below, infinity above.
 pub const fn power_of_two(k: i32) -> f32 {
     if k > 127 {
@@ -148,6 +165,8 @@ pub struct Mxint8Input {
     values: Vec<i8>,
     exponents: Vec<i16>,
     bases: Vec<u16>,
+    /// [`FP4_OFFSET`] times each lane's sum of its four values, [`MX_LANES`] per block.
+    offset_sums: Vec<i32>,
     blocks: usize,
 }
 
@@ -161,6 +180,7 @@ impl Mxint8Input {
         self.values.resize(rows * self.blocks * BLOCK, 0);
         self.exponents.clear();
         self.bases.clear();
+        self.offset_sums.clear();
         let mut padded = [0f32; BLOCK];
         for (row, dst) in x
             .chunks_exact(cols.max(1))
@@ -172,6 +192,10 @@ impl Mxint8Input {
                 padded[src.len()..].fill(0.0);
                 let (q, e) = quantize_block(&padded);
                 dst.copy_from_slice(&q);
+                self.offset_sums.extend(
+                    q.chunks_exact(GROUP)
+                        .map(|lane| FP4_OFFSET * lane.iter().map(|&v| i32::from(v)).sum::<i32>()),
+                );
                 self.exponents.push(e);
                 self.bases.push(scale_base(format, e));
             }
@@ -185,6 +209,7 @@ impl Mxint8Input {
             values: &self.values[t * b * BLOCK..(t + 1) * b * BLOCK],
             exponents: &self.exponents[t * b..(t + 1) * b],
             bases: &self.bases[t * b..(t + 1) * b],
+            offset_sums: &self.offset_sums[t * b * MX_LANES..(t + 1) * b * MX_LANES],
         }
     }
 }
@@ -199,6 +224,9 @@ pub struct Mxint8Row<'a> {
     /// Each block's scale index base for the weight format it was quantized for: a block's
     /// scale is `SCALE_TABLE[weight scale byte + base]`.
     pub(super) bases: &'a [u16],
+    /// Each block's [`FP4_OFFSET`] times the sums of its lanes' values (elements `4i..4i + 4`
+    /// for lane `i`), [`MX_LANES`] per block.
+    pub(super) offset_sums: &'a [i32],
 }
 
 impl<'a> Mxint8Row<'a> {
@@ -213,6 +241,7 @@ impl<'a> Mxint8Row<'a> {
             values: &self.values[b * BLOCK..],
             exponents: &self.exponents[b..],
             bases: &self.bases[b..],
+            offset_sums: &self.offset_sums[b * MX_LANES..],
         }
     }
 }
@@ -299,7 +328,8 @@ pub fn mxint8_block_sums<const R: usize, const T: usize>(
     assert!(
         x.iter().all(|x| x.blocks() >= reduction.blocks.end
             && x.values.len() >= x.blocks() * BLOCK
-            && x.bases.len() == x.blocks()),
+            && x.bases.len() == x.blocks()
+            && x.offset_sums.len() == x.blocks() * MX_LANES),
         "kernel input rows too short"
     );
     #[cfg(target_arch = "x86_64")]

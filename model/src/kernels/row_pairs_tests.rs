@@ -145,3 +145,53 @@ fn a_pair_block_decodes_each_row_in_element_order() {
     }
     assert!(two.second_of_pair(1) && !two.second_of_pair(0));
 }
+
+/// Inputs that are rows of one quantization (evenly spaced: the offset path reaches them all
+/// from the first) and the same inputs quantized one by one (the general path) give the same
+/// bits, on every path, for row pairs against 2 to 4 inputs.
+#[test]
+fn mxint8_inputs_quantized_together_or_apart_give_the_same_bits() {
+    const T: usize = 4;
+    let blocks = 5;
+    let data = stored(blocks, 41);
+    let (_, two) = rows::<GROUP>(&data, 0);
+    let x: Vec<Vec<f32>> = (0..T as u64)
+        .map(|t| values(300 + t, blocks * BLOCK))
+        .collect();
+    let mut together = Mxint8Input::default();
+    together.quantize(&x.concat(), T, blocks * BLOCK, BlockFormat::Mxfp4);
+    let apart: Vec<Mxint8Input> = x
+        .iter()
+        .map(|x| {
+            let mut q = Mxint8Input::default();
+            q.quantize(x, 1, blocks * BLOCK, BlockFormat::Mxfp4);
+            q
+        })
+        .collect();
+    let reduction = Reduction {
+        segment: 2,
+        ..Reduction::whole(0..blocks)
+    };
+    for kernel in KernelChoice::ALL {
+        let run = |xq: [Mxint8Row<'_>; T]| {
+            let mut got: Vec<u32> = Vec::new();
+            mxint8_block_sums::<GROUP, T>(
+                &two,
+                &xq,
+                &reduction,
+                kernel,
+                |_: usize, s: &[[f32; T]; GROUP]| {
+                    got.extend(s.iter().flatten().map(|v| v.to_bits()))
+                },
+            );
+            got
+        };
+        let want = run(std::array::from_fn(|t| together.row(t)));
+        assert_eq!(want.len(), GROUP * T * blocks.div_ceil(2));
+        assert_eq!(
+            run(std::array::from_fn(|t| apart[t].row(0))),
+            want,
+            "{kernel:?}"
+        );
+    }
+}
