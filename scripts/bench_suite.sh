@@ -24,7 +24,8 @@
 # `afd-8cards` (8 cards, 2 micro-batches) runs only when --variants names it, as do the
 # `-bf16` twins of monolithic, afd-2cards, afd-2cards-no-overlap and afd-8cards (`--activation-dtype bf16`: activations
 # rounded to bf16 where they meet bf16 or MXFP4 weights, the numerics of a bf16 GGUF in llama.cpp)
-# and the `-auto` ones (afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto: afd serve's
+# and the `-auto` ones (afd-2cards-auto, afd-2cards-bf16-auto, afd-8cards-bf16-auto,
+# afd-8cards-mxint8-auto: afd serve's
 # default `--micro-batches auto`, which measures one and two micro-batches and runs the faster),
 # and `afd-2cards-bf16-replicated` (the -auto one with `--replicate-experts`: both cards hold
 # every expert, and each step spreads its experts evenly over them), and `afd-2cards-bf16-inproc`
@@ -149,6 +150,7 @@ all_variants=(
     "monolithic-mxint8|--reference --activation-dtype mxint8"
     "afd-2cards-mxint8|--cards 2 --micro-batches 2 --activation-dtype mxint8"
     "afd-8cards-mxint8|--cards 8 --micro-batches 2 --activation-dtype mxint8"
+    "afd-8cards-mxint8-auto|--cards 8 --activation-dtype mxint8"
 )
 default_variants=",monolithic,afd-1card,afd-2cards,afd-4cards,afd-2cards-no-overlap,"
 variants=()

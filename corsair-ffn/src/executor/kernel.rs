@@ -336,9 +336,10 @@ pub fn tile_partials(
 /// MXFP4 tiles take pairs at 2 tokens only: each pass decodes the weights again, which from 3
 /// tokens on cost more than the 4 x 4 blocks lose. f32 inputs keep the shared grid: their
 /// decoded weights take two registers a row, and 8 rows x 2 tokens would spill. 8 rows x 3 or
-/// 4 tokens would not fit the accumulators in registers. MXINT8 inputs take pairs from 2 tokens
-/// on: their decode is a few instructions a row (the same expert at 4 tokens with MXINT8 inputs:
-/// 4.30 against 6.68 ms a call on a Zen 3 VM, one thread).
+/// 4 tokens would not fit the accumulators in registers. MXINT8 inputs take pairs at 2 tokens
+/// (their decode is a few instructions a row: the same expert at 4 tokens with MXINT8 inputs
+/// took 4.30 against 6.68 ms a call on a Zen 3 VM, one thread, in pairs against the shared
+/// grid) and [`quad_blocks`] from 3 on.
 fn pair_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
     let mut r = 0;
     while r + ROW_GROUP <= rows {
@@ -355,7 +356,12 @@ fn pair_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
     }
 }
 
-/// Whole row groups against up to 4 tokens at a time (see [`pair_blocks`] for the rows).
+/// Whole row groups against up to 4 tokens at a time (see [`pair_blocks`] for the rows), for
+/// MXINT8 inputs over MXFP4 tiles: the kernel then takes each row pair against 4 tokens, so a
+/// pass decodes the weights once for 4 tokens and reads the inputs of 4 (GPT-OSS-20B's expert
+/// at 8 tokens, one thread, Zen 3: 7.08-7.21 ms a call, against 7.70-7.89 before the offset
+/// kernel; that kernel in pairs took 11.2-11.5: a row group's passes over 8 tokens' inputs,
+/// 64 bytes a block with the offset sums, no longer fit L1).
 fn quad_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
     let mut r = 0;
     while r + ROW_GROUP <= rows {

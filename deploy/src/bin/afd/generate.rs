@@ -54,6 +54,11 @@ pub struct GenerateArgs {
     /// Keep generating after an end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
+    /// Sequences decoded side by side, each the prompt with its own seed (`--seed`, plus one
+    /// for each further sequence): one batch, as a server steps concurrent requests, to time
+    /// or --trace batched steps. Prints one JSON object per sequence, one per line.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    num_seqs: u32,
     /// Write a Chrome trace of the attention node's per-layer spans and, beside them, each
     /// card's messages (waiting for a CPU turn, computing, with the worker's CPU time) to this
     /// file (with --cards; open it in chrome://tracing or ui.perfetto.dev).
@@ -112,8 +117,17 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         },
         stop_token_ids,
     };
+    let requests: Vec<GenerationRequest> = (0..u64::from(args.num_seqs))
+        .map(|i| GenerationRequest {
+            sampling: SamplingParams {
+                seed: request.sampling.seed.wrapping_add(i),
+                ..request.sampling
+            },
+            ..request.clone()
+        })
+        .collect();
     // This thread steps the model: make it a worker of the compute pool, as a server's engine is.
-    let generation = step::compute::on_own_pool("afd-compute", || {
+    let generations = step::compute::on_own_pool("afd-compute", || {
         if args.reference {
             let weights = args
                 .cluster
@@ -124,42 +138,44 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             crate::cluster_args::check_device_numerics(device, args.cluster.node.activation_dtype)?;
             if device.is_host() {
                 let mut model = ReferenceModel::new(weights)?;
-                first(generate(&mut model, std::slice::from_ref(&request), 0)?)
+                Ok(generate(&mut model, &requests, 0)?)
             } else {
                 let kv = args.cluster.config(args.model.clone()).node.kv;
                 let mut node = DeviceMonolithicNode::new(&weights, &kv, device)
                     .with_context(|| format!("the whole model on {device}"))?;
-                first(gpu_attention::driver::generate(
-                    &mut node,
-                    std::slice::from_ref(&request),
-                    0,
-                )?)
+                Ok(gpu_attention::driver::generate(&mut node, &requests, 0)?)
             }
         } else {
-            disaggregated(&args, &request)
+            disaggregated(&args, &requests)
         }
     })?;
-    let text = match &tokenizer {
-        Ok(t) => Some(t.decode(&generation.output_ids, false)?),
-        Err(_) => None,
-    };
-    let out = serde_json::json!({
-        "prompt_ids": prompt_ids,
-        "output_ids": generation.output_ids,
-        "text": text,
-        "finish_reason": generation.finish_reason,
-    });
-    println!("{out}");
+    if generations.len() != requests.len() {
+        bail!(
+            "the generator returned {} sequences for {} requests",
+            generations.len(),
+            requests.len()
+        );
+    }
+    for generation in generations {
+        let text = match &tokenizer {
+            Ok(t) => Some(t.decode(&generation.output_ids, false)?),
+            Err(_) => None,
+        };
+        let out = serde_json::json!({
+            "prompt_ids": prompt_ids,
+            "output_ids": generation.output_ids,
+            "text": text,
+            "finish_reason": generation.finish_reason,
+        });
+        println!("{out}");
+    }
     Ok(())
 }
 
-fn first(mut generations: Vec<Generation>) -> anyhow::Result<Generation> {
-    generations
-        .pop()
-        .context("the generator returned no sequence")
-}
-
-fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Result<Generation> {
+fn disaggregated(
+    args: &GenerateArgs,
+    requests: &[GenerationRequest],
+) -> anyhow::Result<Vec<Generation>> {
     let mut config = args.cluster.config(args.model.clone());
     // Spans are kept only when they will be written: a node records them until taken.
     config.node.trace = args.trace.is_some();
@@ -175,13 +191,9 @@ fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Re
         .pop()
         .context("the cluster started no attention node")?;
     // Prompts longer than a step go in chunks, as the server prefills them.
-    let result = gpu_attention::driver::generate_in_chunks(
-        &mut node,
-        std::slice::from_ref(request),
-        0,
-        config.node.max_tokens,
-    )
-    .context("generating through the cards")?;
+    let result =
+        gpu_attention::driver::generate_in_chunks(&mut node, requests, 0, config.node.max_tokens)
+            .context("generating through the cards")?;
     if let Some(path) = &args.trace {
         // The node's spans, and the cards' messages beside them on the same clock.
         let stats = cluster.card_stats();
@@ -207,5 +219,5 @@ fn disaggregated(args: &GenerateArgs, request: &GenerationRequest) -> anyhow::Re
             path.display()
         );
     }
-    first(result)
+    Ok(result)
 }
