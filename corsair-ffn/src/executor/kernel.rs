@@ -19,7 +19,7 @@
 pub use model::kernels::KernelChoice;
 use model::kernels::{
     BlockFormat, BlockJob, BlockRows, Mxint8Input, Mxint8Row, Paired, Reduction, Sink, Strides,
-    bf16_block_sums, block_sums, mxint8_block_sums, prefetch_start, register_blocks,
+    bf16_block_sums, block_sums, mxint8_block_sums, prefetch_start, register_blocks, token_quads,
 };
 
 use crate::format::TileFormat;
@@ -356,12 +356,12 @@ fn pair_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
     }
 }
 
-/// Whole row groups against up to 4 tokens at a time (see [`pair_blocks`] for the rows), for
-/// MXINT8 inputs over MXFP4 tiles: the kernel then takes each row pair against 4 tokens, so a
-/// pass decodes the weights once for 4 tokens and reads the inputs of 4 (GPT-OSS-20B's expert
-/// at 8 tokens, one thread, Zen 3: 7.08-7.21 ms a call, against 7.70-7.89 before the offset
-/// kernel; that kernel in pairs took 11.2-11.5: a row group's passes over 8 tokens' inputs,
-/// 64 bytes a block with the offset sums, no longer fit L1).
+/// Whole row groups against up to 4 tokens at a time ([`token_quads`]; see [`pair_blocks`] for
+/// the rows), for MXINT8 inputs over MXFP4 tiles: the kernel then takes each row pair against
+/// 4 tokens, so a pass decodes the weights once for 4 tokens and reads the inputs of 4
+/// (GPT-OSS-20B's expert at 8 tokens, one thread, Zen 3: 7.08-7.21 ms a call, against
+/// 7.70-7.89 before the offset kernel; that kernel in pairs took 11.2-11.5: a row group's
+/// passes over 8 tokens' inputs, 64 bytes a block with the offset sums, no longer fit L1).
 fn quad_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
     let mut r = 0;
     while r + ROW_GROUP <= rows {
@@ -375,20 +375,6 @@ fn quad_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
     while r < rows {
         token_quads::<1>(r, tokens, job);
         r += 1;
-    }
-}
-
-/// Rows `r..r + R` against every token, up to four at a time.
-fn token_quads<const R: usize>(r: usize, tokens: usize, job: &mut impl BlockJob) {
-    let mut t = 0;
-    while t < tokens {
-        match tokens - t {
-            1 => job.run::<R, 1>(r, t),
-            2 => job.run::<R, 2>(r, t),
-            3 => job.run::<R, 3>(r, t),
-            _ => job.run::<R, 4>(r, t),
-        }
-        t += (tokens - t).min(4);
     }
 }
 

@@ -6,7 +6,7 @@ use rayon::prelude::*;
 use super::{
     BLOCK, BlockFormat, BlockJob, BlockRows, KernelChoice, LANES, Mxint8Input, Mxint8Row,
     Reduction, Sink, Strided, Strides, bf16_block_sums, block_sums, mxint8_block_sums,
-    register_blocks, round_rows,
+    register_blocks, round_rows, token_quads,
 };
 use crate::kernels::ActivationDtype;
 use crate::weights::WeightMatrix;
@@ -217,16 +217,7 @@ fn task_blocks(count: usize, tokens: usize, job: &mut Tile<'_>) {
         register_blocks(count, tokens, job);
         return;
     }
-    let mut t = 0;
-    while t < tokens {
-        match tokens - t {
-            1 => job.run::<ROWS_PER_TASK, 1>(0, t),
-            2 => job.run::<ROWS_PER_TASK, 2>(0, t),
-            3 => job.run::<ROWS_PER_TASK, 3>(0, t),
-            _ => job.run::<ROWS_PER_TASK, 4>(0, t),
-        }
-        t += (tokens - t).min(4);
-    }
+    token_quads::<ROWS_PER_TASK>(0, tokens, job);
 }
 
 /// Where a register block's sums over whole rows (one segment) go: row `r0 + r` of token

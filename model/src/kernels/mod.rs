@@ -254,6 +254,22 @@ pub fn register_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
     }
 }
 
+/// Register blocks of rows `r..r + R` against every token, up to 4 tokens at a time: for kernels
+/// that read their inputs from memory rather than registers, where a wide block of rows shares
+/// each input's preparation (the reference matmul's bf16 products, the card's MXINT8 tiles).
+pub fn token_quads<const R: usize>(r: usize, tokens: usize, job: &mut impl BlockJob) {
+    let mut t = 0;
+    while t < tokens {
+        match tokens - t {
+            1 => job.run::<R, 1>(r, t),
+            2 => job.run::<R, 2>(r, t),
+            3 => job.run::<R, 3>(r, t),
+            _ => job.run::<R, 4>(r, t),
+        }
+        t += (tokens - t).min(4);
+    }
+}
+
 /// Work on one register block of a grid (see [`register_blocks`]).
 pub trait BlockJob {
     /// Rows `r0..r0 + R`, tokens `t0..t0 + T`.
