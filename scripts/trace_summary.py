@@ -9,7 +9,10 @@ Per layer and step, from the node's spans and the cards' messages (one clock):
     spent on a CPU (traces from afd versions that record it);
   - the LM head's node span and the cards' compute for it.
 
-Usage: scripts/trace_summary.py TRACE.json [--skip-steps N]   (standard library only)
+With --prefill, the first step instead (a prompt's prefill): each node span kind added up over
+the layers' first spans, and the time from the first span to the end of the first LM head.
+
+Usage: scripts/trace_summary.py TRACE.json [--skip-steps N | --prefill]   (standard library only)
 """
 import argparse
 import collections
@@ -21,10 +24,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--skip-steps", type=int, default=2, help="first steps left out (prefill, warm-up); default 2")
+    ap.add_argument("--prefill", action="store_true", help="sum up the first step (the prefill) instead")
     args = ap.parse_args()
     with open(args.trace) as f:
         doc = json.load(f)
     events = [e for e in doc.get("traceEvents", doc) if e.get("ph") == "X"]
+    if args.prefill:
+        prefill(events)
+        return
     node = collections.defaultdict(list)
     for e in events:
         if e["pid"] == 1:
@@ -69,6 +76,26 @@ def main():
                   f"preempted {statistics.mean(preempted):.2f} and blocked {statistics.mean(blocked):.2f} times on average")
     if lm_busy:
         print(f"  LM head: cards' compute added up {med(lm_busy):.1f} ms a step")
+
+
+def prefill(events):
+    """The first step's node spans: node spans carry no step, so each layer's first span of a
+    kind is the first step's."""
+    first = {}
+    for e in sorted((e for e in events if e["pid"] == 1), key=lambda e: e["ts"]):
+        first.setdefault(e["name"], e)
+    if not first:
+        raise SystemExit("no node spans in this trace")
+    totals = collections.defaultdict(float)
+    for name, e in first.items():
+        totals[name.split(" L", 1)[0]] += e["dur"] / 1000
+    start = min(e["ts"] for e in first.values())
+    heads = [e for name, e in first.items() if name.startswith("lm-head merge")]
+    print("first step (node spans added up over layers): "
+          + ", ".join(f"{k} {v:.0f} ms" for k, v in sorted(totals.items())))
+    if heads:
+        end = heads[0]["ts"] + heads[0]["dur"]
+        print(f"first span to the end of the first LM head: {(end - start) / 1000:.0f} ms")
 
 
 if __name__ == "__main__":
