@@ -341,19 +341,7 @@ pub fn tile_partials(
 /// took 4.30 against 6.68 ms a call on a Zen 3 VM, one thread, in pairs against the shared
 /// grid) and [`quad_blocks`] from 3 on.
 fn pair_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
-    let mut r = 0;
-    while r + ROW_GROUP <= rows {
-        token_pairs::<8>(r, tokens, job);
-        r += ROW_GROUP;
-    }
-    if r + 4 <= rows {
-        token_pairs::<4>(r, tokens, job);
-        r += 4;
-    }
-    while r < rows {
-        token_pairs::<1>(r, tokens, job);
-        r += 1;
-    }
+    group_blocks::<false>(rows, tokens, job);
 }
 
 /// Whole row groups against up to 4 tokens at a time ([`token_quads`]; see [`pair_blocks`] for
@@ -363,17 +351,34 @@ fn pair_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
 /// 7.70-7.89 before the offset kernel; that kernel in pairs took 11.2-11.5: a row group's
 /// passes over 8 tokens' inputs, 64 bytes a block with the offset sums, no longer fit L1).
 fn quad_blocks(rows: usize, tokens: usize, job: &mut impl BlockJob) {
+    group_blocks::<true>(rows, tokens, job);
+}
+
+/// Each whole row group, then 4 rows, then single rows, against every token: in pairs
+/// ([`token_pairs`]) or up to four at a time ([`token_quads`]).
+fn group_blocks<const QUADS: bool>(rows: usize, tokens: usize, job: &mut impl BlockJob) {
+    fn tokens_of<const R: usize, const QUADS: bool>(
+        r: usize,
+        tokens: usize,
+        job: &mut impl BlockJob,
+    ) {
+        if QUADS {
+            token_quads::<R>(r, tokens, job);
+        } else {
+            token_pairs::<R>(r, tokens, job);
+        }
+    }
     let mut r = 0;
     while r + ROW_GROUP <= rows {
-        token_quads::<8>(r, tokens, job);
+        tokens_of::<8, QUADS>(r, tokens, job);
         r += ROW_GROUP;
     }
     if r + 4 <= rows {
-        token_quads::<4>(r, tokens, job);
+        tokens_of::<4, QUADS>(r, tokens, job);
         r += 4;
     }
     while r < rows {
-        token_quads::<1>(r, tokens, job);
+        tokens_of::<1, QUADS>(r, tokens, job);
         r += 1;
     }
 }

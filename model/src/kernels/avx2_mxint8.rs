@@ -82,10 +82,10 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
     let pairs = matches!(F, MXFP4_PAIRS | MXFP4_PAIRS_SECOND);
     let steps = w.prefetch_steps(reduction.blocks.end).unwrap_or((0, 0));
     let rows_first = w.rows_first::<T>();
+    let spacing = if pairs { spacing(x) } else { None };
     for s in 0..reduction.segments() {
         let segment = reduction.segment_blocks(s);
         let mut out = [[0f32; T]; R];
-        let spacing = if pairs { spacing(x) } else { None };
         macro_rules! call {
             ($rr:literal, $tt:literal, $r0:expr, $t0:expr) => {{
                 let view = w.rows_from::<$rr>($r0);
@@ -317,24 +317,31 @@ unsafe fn sub<const F: u8, const RR: usize, const TT: usize, const PREFETCH: boo
     out
 }
 
-/// The blocks from one input to the next when the inputs are rows of one [`Mxint8Input`]
-/// (evenly spaced in all three arrays), which lets [`sub_offset`] reach every input from the
-/// first (a pointer per input and array spilled its registers).
+/// The blocks from one input to the next when the inputs are rows of one [`Mxint8Input`] in
+/// order (the same step in all three arrays, views from any one block included), which lets
+/// [`sub_offset`] reach every input from the first (a pointer per input and array spilled its
+/// registers); `None` for inputs laid out otherwise.
 ///
 /// [`Mxint8Input`]: super::mxint8::Mxint8Input
-fn spacing<const T: usize>(x: &[Mxint8Row<'_>; T]) -> Option<usize> {
+pub(super) fn spacing<const T: usize>(x: &[Mxint8Row<'_>; T]) -> Option<usize> {
     let first = x.first()?;
-    let blocks = first.blocks();
+    let bytes_after = |p: *const u8, q: *const u8| (q as usize).checked_sub(p as usize);
+    let step = match x.get(1) {
+        Some(second) => {
+            bytes_after(first.values.as_ptr().cast(), second.values.as_ptr().cast())? / BLOCK
+        }
+        None => 0,
+    };
     let evenly = x.iter().enumerate().all(|(t, x)| {
-        let at = |p: *const u8, q: *const u8| (q as usize).wrapping_sub(p as usize);
-        at(first.values.as_ptr().cast(), x.values.as_ptr().cast()) == t * blocks * BLOCK
-            && at(
+        let blocks = t * step;
+        bytes_after(first.values.as_ptr().cast(), x.values.as_ptr().cast()) == Some(blocks * BLOCK)
+            && bytes_after(
                 first.offset_sums.as_ptr().cast(),
                 x.offset_sums.as_ptr().cast(),
-            ) == t * blocks * MX_LANES * 4
-            && at(first.bases.as_ptr().cast(), x.bases.as_ptr().cast()) == t * blocks * 2
+            ) == Some(blocks * MX_LANES * 4)
+            && bytes_after(first.bases.as_ptr().cast(), x.bases.as_ptr().cast()) == Some(blocks * 2)
     });
-    evenly.then_some(blocks)
+    evenly.then_some(step)
 }
 
 /// [`sub`] for MXFP4 rows in pairs against `TT` inputs from `x0` on, `spacing` blocks apart

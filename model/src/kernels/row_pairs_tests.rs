@@ -195,3 +195,34 @@ fn mxint8_inputs_quantized_together_or_apart_give_the_same_bits() {
         );
     }
 }
+
+/// The offset path's test for inputs it can reach from the first: rows of one quantization in
+/// order, whole or viewed from a later block, are `blocks` apart; rows out of order are not
+/// taken for evenly spaced.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn rows_of_one_quantization_are_found_evenly_spaced_from_any_block() {
+    use super::avx2_mxint8::spacing;
+    let blocks = 6;
+    let mut q = Mxint8Input::default();
+    q.quantize(
+        &values(7, 3 * blocks * BLOCK),
+        3,
+        blocks * BLOCK,
+        BlockFormat::Mxfp4,
+    );
+    assert_eq!(spacing(&[q.row(0), q.row(1), q.row(2)]), Some(blocks));
+    assert_eq!(
+        spacing(&[q.row(1).from_block(2), q.row(2).from_block(2)]),
+        Some(blocks)
+    );
+    assert_eq!(spacing(&[q.row(2)]), Some(0));
+    assert_eq!(spacing(&[q.row(1), q.row(0)]), None);
+    assert_eq!(spacing(&[q.row(0), q.row(2), q.row(1)]), None);
+    // Views from different blocks are evenly spaced too, one block further apart: block b of
+    // the second is still `step + b` blocks past the first's start in every array.
+    assert_eq!(
+        spacing(&[q.row(0), q.row(1).from_block(1)]),
+        Some(blocks + 1)
+    );
+}
