@@ -2,6 +2,7 @@
 """Summarise an `afd generate --trace` Chrome trace: where a decode step's time goes.
 
 Per layer and step, from the node's spans and the cards' messages (one clock):
+  - the step's time (median, from one step's first attention span to the next);
   - the node's attention, dispatch and wait+combine (medians over layers);
   - the cards' compute time added up, and the span from the first card message landing to the
     last one's reply: their ratio is how many cards computed at a time on average;
@@ -63,6 +64,11 @@ def main():
         preempted += [e["args"]["preempted"] for e in compute if "preempted" in e["args"]]
         blocked += [e["args"]["blocked"] for e in compute if "blocked" in e["args"]]
     med = statistics.median
+    # A step runs from its first layer's attention to the next step's.
+    starts = sorted(e["ts"] for e in events if e["pid"] == 1 and e["name"] == "attention L0")
+    steps = [(b - a) / 1000 for a, b in zip(starts, starts[1:])][args.skip_steps:]
+    if steps:
+        print(f"step: {med(steps):.1f} ms (median of {len(steps)}, from one step's first attention span to the next)")
     print(f"node (medians over layers): " + ", ".join(f"{k} {med(v):.2f} ms" for k, v in sorted(node.items())))
     if busy:
         print(f"cards, {len(busy)} layer messages groups from step {first_step} on (medians):")

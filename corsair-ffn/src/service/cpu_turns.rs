@@ -8,6 +8,15 @@
 //! pipeline that delays every card's reply for the first micro-batch until nearly the whole
 //! layer is done, and the cards then sit idle while the attention node catches up. Taking
 //! turns in landing order (JetStream's receive timestamps) restores the devices' order.
+//!
+//! Where each turn is one CPU, a worker runs its turn pinned to that turn's CPU. This guest's
+//! scheduler packs waking threads onto fewer vCPUs after idle spells (`sched_vcpu_pack`), so two
+//! workers holding the two turns of a 2-CPU host were often time-sliced on one vCPU while the
+//! other sat idle; pinned, they compute side by side, as two cards would.
+//!
+//! A turn given back wakes only the workers that may now start, each on its own condition
+//! variable. Waking every waiting worker instead had each of them preempt a computing card on
+//! its way back to sleep: several times a message at a batch of 4 on two CPUs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -24,13 +33,16 @@ const POLL: Duration = Duration::from_millis(200);
 #[derive(Debug)]
 pub struct CpuTurns {
     state: Mutex<State>,
-    changed: Condvar,
 }
 
 #[derive(Debug)]
 struct State {
     /// Turns not taken (one per CPU).
     free: usize,
+    /// The CPU of each turn, when a worker is pinned to its turn's CPU (else empty).
+    cpus: Vec<usize>,
+    /// Which of `cpus` a worker holds.
+    taken: Vec<bool>,
     members: Vec<Member>,
     next_id: u64,
 }
@@ -44,23 +56,36 @@ struct Member {
     waiting: Option<Instant>,
     /// Whether it holds a turn.
     running: bool,
+    /// Signalled when this member may start (it waits on it with the state's lock).
+    wake: Arc<Condvar>,
 }
 
 impl CpuTurns {
-    /// Turns for `cpus` CPUs (at least 1).
+    /// Turns for `cpus` CPUs (at least 1), the OS choosing where each runs.
     pub fn new(cpus: usize) -> Arc<Self> {
+        Self::with_cpus(cpus.max(1), Vec::new())
+    }
+
+    /// One turn per CPU of `cpus`, each computed pinned to its CPU (none: turns as in `new`).
+    pub fn pinned(cpus: Vec<usize>) -> Arc<Self> {
+        Self::with_cpus(cpus.len().max(1), cpus)
+    }
+
+    fn with_cpus(turns: usize, cpus: Vec<usize>) -> Arc<Self> {
         Arc::new(CpuTurns {
             state: Mutex::new(State {
-                free: cpus.max(1),
+                free: turns,
+                taken: vec![false; cpus.len()],
+                cpus,
                 members: Vec::new(),
                 next_id: 0,
             }),
-            changed: Condvar::new(),
         })
     }
 
     /// Turns for cards of `exec.threads` executor threads each (0: every core) on the CPUs
     /// of `exec.cpu_mask` (0: every CPU of the host): one turn per whole card's worth.
+    /// Cards of one thread each are pinned to their turn's CPU (see the module docs).
     pub fn for_cards(exec: &ExecOptions) -> Arc<Self> {
         let host = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cpus = match exec.cpu_mask.count_ones() {
@@ -71,6 +96,16 @@ impl CpuTurns {
             0 => cpus,
             n => n,
         };
+        if per_card == 1 {
+            let allowed = affinity::allowed_cpus();
+            let usable: Vec<usize> = allowed
+                .into_iter()
+                .filter(|&c| exec.cpu_mask == 0 || (c < 64 && exec.cpu_mask & (1 << c) != 0))
+                .collect();
+            if usable.len() == cpus {
+                return Self::pinned(usable);
+            }
+        }
         Self::new(cpus / per_card)
     }
 
@@ -84,15 +119,18 @@ impl CpuTurns {
         let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
+        let wake = Arc::new(Condvar::new());
         state.members.push(Member {
             id,
             inbox,
             waiting: None,
             running: false,
+            wake: wake.clone(),
         });
         TurnMember {
             turns: self.clone(),
             id,
+            wake,
         }
     }
 }
@@ -122,6 +160,23 @@ impl State {
     fn member(&mut self, id: u64) -> Option<&mut Member> {
         self.members.iter_mut().find(|m| m.id == id)
     }
+
+    /// Wakes the waiting members that may start now. Called wherever a CPU is freed or a
+    /// waiting message goes away, the only changes that let another member start: a member
+    /// taking a turn uses a CPU and leaves the queue ahead of the younger ones alike.
+    fn wake_startable(&self) {
+        for m in self.startable() {
+            m.wake.notify_one();
+        }
+    }
+
+    /// The waiting members that may start now.
+    fn startable(&self) -> impl Iterator<Item = &Member> {
+        self.members.iter().filter(|m| match m.waiting {
+            Some(landed) => !m.running && self.may_start(m.id, landed),
+            None => false,
+        })
+    }
 }
 
 /// One worker's membership; leaving (drop) lets the others stop waiting for its inbox.
@@ -129,6 +184,8 @@ impl State {
 pub struct TurnMember {
     turns: Arc<CpuTurns>,
     id: u64,
+    /// The member's own condition variable (also in its `Member`).
+    wake: Arc<Condvar>,
 }
 
 impl TurnMember {
@@ -145,13 +202,14 @@ impl TurnMember {
                 if let Some(m) = state.member(self.id) {
                     m.waiting = None;
                 }
-                turns.changed.notify_all();
+                // Younger messages may have waited behind this one.
+                state.wake_startable();
                 return None;
             }
             // A timeout also re-reads the other inboxes: a message that lands elsewhere only
             // ever makes this worker wait longer, so nothing needs to wake it then.
-            state = turns
-                .changed
+            state = self
+                .wake
                 .wait_timeout(state, POLL)
                 .map(|(s, _)| s)
                 .unwrap_or_else(|p| p.into_inner().0);
@@ -161,9 +219,24 @@ impl TurnMember {
             m.waiting = None;
             m.running = true;
         }
-        // Others may now be next in line.
-        turns.changed.notify_all();
-        Some(Turn { member: self })
+        let slot = state.taken.iter().position(|t| !t);
+        let cpu = slot.map(|i| {
+            state.taken[i] = true;
+            state.cpus[i]
+        });
+        drop(state);
+        let pinned = cpu.and_then(affinity::pin_current);
+        Some(Turn {
+            member: self,
+            slot,
+            pinned,
+        })
+    }
+
+    /// Tells the others that this worker picked up a message that takes no turn: it no longer
+    /// sits in the inbox ahead of theirs, so one of them may start now.
+    pub fn pass(&self) {
+        self.turns.lock().wake_startable();
     }
 }
 
@@ -171,7 +244,7 @@ impl Drop for TurnMember {
     fn drop(&mut self) {
         let mut state = self.turns.lock();
         state.members.retain(|m| m.id != self.id);
-        self.turns.changed.notify_all();
+        state.wake_startable();
     }
 }
 
@@ -179,17 +252,96 @@ impl Drop for TurnMember {
 #[derive(Debug)]
 pub struct Turn<'a> {
     member: &'a TurnMember,
+    /// Which pinned CPU it holds, if turns are pinned.
+    slot: Option<usize>,
+    /// The worker's CPUs before it was pinned, put back with the turn.
+    pinned: Option<affinity::Saved>,
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
+        if let Some(saved) = self.pinned.take() {
+            saved.restore();
+        }
         let turns = &self.member.turns;
         let mut state = turns.lock();
+        if let Some(taken) = self.slot.and_then(|i| state.taken.get_mut(i)) {
+            *taken = false;
+        }
         state.free += 1;
         if let Some(m) = state.member(self.member.id) {
             m.running = false;
         }
-        turns.changed.notify_all();
+        state.wake_startable();
+    }
+}
+
+/// Thread affinity, where the OS has it (Linux); elsewhere turns are not pinned.
+mod affinity {
+    /// A thread's CPUs before it was pinned.
+    #[derive(Debug)]
+    pub struct Saved {
+        #[cfg(target_os = "linux")]
+        set: libc::cpu_set_t,
+    }
+
+    /// The CPUs this thread may run on, in order.
+    #[cfg(target_os = "linux")]
+    pub fn allowed_cpus() -> Vec<usize> {
+        // SAFETY: `set` is a plain bit set sized as passed; the call only writes into it.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: `c` is below CPU_SETSIZE, the set's size in bits.
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect()
+    }
+
+    /// Pins this thread to `cpu`, returning its CPUs before; `None` if the OS refused.
+    #[cfg(target_os = "linux")]
+    pub fn pin_current(cpu: usize) -> Option<Saved> {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: both sets are plain bit sets sized as passed; CPU_SET checks `cpu`'s range.
+        unsafe {
+            let mut before: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, size, &mut before) != 0 {
+                return None;
+            }
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            if libc::sched_setaffinity(0, size, &one) != 0 {
+                return None;
+            }
+            Some(Saved { set: before })
+        }
+    }
+
+    impl Saved {
+        /// Lets the thread run where it could before.
+        #[cfg(target_os = "linux")]
+        pub fn restore(self) {
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            // SAFETY: the set came from sched_getaffinity with the same size.
+            if unsafe { libc::sched_setaffinity(0, size, &self.set) } != 0 {
+                tracing::warn!("could not give a card worker its CPUs back after a turn");
+            }
+        }
+
+        #[cfg(not(target_os = "linux"))]
+        pub fn restore(self) {}
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn allowed_cpus() -> Vec<usize> {
+        Vec::new()
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn pin_current(_cpu: usize) -> Option<Saved> {
+        None
     }
 }
 
@@ -306,6 +458,75 @@ mod tests {
             drop(held);
         };
         assert!(turn_within(&m[0], late, WAIT, given_back).is_some());
+    }
+
+    #[test]
+    fn a_turn_given_back_wakes_only_the_oldest_waiting() {
+        let f = fixture(3);
+        let turns = CpuTurns::new(1);
+        let m = f.members(&turns);
+        for i in 0..3 {
+            f.land(i);
+        }
+        let landed: Vec<Instant> = (0..3).map(|i| f.pick_up(i)).collect();
+        let ids = |state: &State| state.startable().map(|m| m.id).collect::<Vec<_>>();
+        {
+            let mut state = turns.lock();
+            for (i, t) in landed.iter().enumerate() {
+                let member = state.member(m[i].id).expect("a member");
+                member.waiting = Some(*t);
+            }
+            // Card 0 computes; the other two wait, and nobody may start on the one CPU.
+            let first = state.member(m[0].id).expect("a member");
+            first.waiting = None;
+            first.running = true;
+            state.free = 0;
+            assert_eq!(ids(&state), Vec::<u64>::new());
+            // Its turn given back, card 1 (landed before card 2) is the only one to wake.
+            let first = state.member(m[0].id).expect("a member");
+            first.running = false;
+            state.free = 1;
+            assert_eq!(ids(&state), vec![m[1].id]);
+            // With two CPUs free, both wake.
+            state.free = 2;
+            assert_eq!(ids(&state), vec![m[1].id, m[2].id]);
+        }
+        // A message queued in card 0's inbox after theirs holds neither back.
+        f.land(0);
+        let mut state = turns.lock();
+        let queued = f.inboxes[0].probe().oldest_landed().expect("queued");
+        assert!(queued >= landed[2], "landed after the others");
+        state.free = 1;
+        assert_eq!(
+            ids(&state),
+            vec![m[1].id],
+            "a younger queued message holds no one"
+        );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_pinned_turn_computes_on_its_cpu_and_gives_the_cpus_back() {
+        let f = fixture(1);
+        let before = affinity::allowed_cpus();
+        let last = *before.last().expect("a CPU to run on");
+        let turns = CpuTurns::pinned(vec![last]);
+        let m = f.members(&turns);
+        f.land(0);
+        let landed = f.pick_up(0);
+        let stop = AtomicBool::new(false);
+        let turn = m[0].wait(landed, &stop).expect("a turn");
+        assert_eq!(
+            affinity::allowed_cpus(),
+            vec![last],
+            "pinned to the turn's CPU"
+        );
+        // SAFETY: sched_getcpu takes nothing and only reads the calling thread's CPU.
+        assert_eq!(unsafe { libc::sched_getcpu() }, last as i32);
+        assert_eq!(turns.lock().taken, vec![true]);
+        drop(turn);
+        assert_eq!(affinity::allowed_cpus(), before, "the CPUs given back");
+        assert_eq!(turns.lock().taken, vec![false]);
     }
 
     #[test]

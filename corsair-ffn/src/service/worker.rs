@@ -64,7 +64,11 @@ impl Worker {
                         None => return,
                     }
                 }
-                _ => None,
+                Some(member) => {
+                    member.pass();
+                    None
+                }
+                None => None,
             };
             // Only a traced run reads the clock for its spans.
             let started = self
@@ -84,7 +88,6 @@ impl Worker {
                 Err(e) => Err(format!("cannot read the inbox: {e}")),
             };
             let reply = decoded.and_then(|r| self.compute(r));
-            drop(turn);
             if let (Some(log), Some(started)) = (&self.spans, started) {
                 log.push(CardSpan {
                     card: self.card_index,
@@ -97,48 +100,56 @@ impl Worker {
                     thread: ThreadUsage::now().since(started.1),
                 });
             }
-            let bytes = match reply {
-                Ok(bytes) => bytes,
-                Err(message) => {
-                    tracing::warn!(card = self.card_index, "{message}");
-                    let meta = MessageMeta {
-                        step: immediate.step,
-                        layer: immediate.layer,
-                        micro_batch: immediate.micro_batch,
-                        dtype: self.shard.wire_dtype,
-                    };
-                    let mut out = Vec::new();
-                    data::encode_error(
-                        meta,
-                        &format!("card {}: {message}", self.card_index),
-                        &mut out,
-                    );
-                    out
-                }
-            };
-            if bytes.len() > self.reply_slot {
-                tracing::error!(
-                    card = self.card_index,
-                    "a {}-byte reply exceeds the {}-byte slot",
-                    bytes.len(),
-                    self.reply_slot
+            // The reply goes out before the turn is given back: the worker woken for the next
+            // turn takes this CPU at once, and would otherwise hold the reply back while it
+            // computes.
+            self.send_reply(&immediate, completion.immediate, reply);
+            drop(turn);
+        }
+    }
+
+    /// Writes a message's reply (or its error) into the node's reply slot.
+    fn send_reply(&self, immediate: &Immediate, raw: u64, reply: Result<Vec<u8>, String>) {
+        let bytes = match reply {
+            Ok(bytes) => bytes,
+            Err(message) => {
+                tracing::warn!(card = self.card_index, "{message}");
+                let meta = MessageMeta {
+                    step: immediate.step,
+                    layer: immediate.layer,
+                    micro_batch: immediate.micro_batch,
+                    dtype: self.shard.wire_dtype,
+                };
+                let mut out = Vec::new();
+                data::encode_error(
+                    meta,
+                    &format!("card {}: {message}", self.card_index),
+                    &mut out,
                 );
-                continue;
+                out
             }
-            let offset = ((self.card_index * SLOTS + immediate.micro_batch as usize % SLOTS)
-                * self.reply_slot) as u64;
-            self.shard
-                .bytes_out
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            let request = WriteRequest::new(&self.reply, offset, Bytes::from(bytes))
-                .immediate(completion.immediate);
-            if let Err(e) = self.runtime.block_on(self.transport.post_write(request)) {
-                tracing::warn!(
-                    card = self.card_index,
-                    "cannot reply to {}: {e}",
-                    self.reply.node
-                );
-            }
+        };
+        if bytes.len() > self.reply_slot {
+            tracing::error!(
+                card = self.card_index,
+                "a {}-byte reply exceeds the {}-byte slot",
+                bytes.len(),
+                self.reply_slot
+            );
+            return;
+        }
+        let offset = ((self.card_index * SLOTS + immediate.micro_batch as usize % SLOTS)
+            * self.reply_slot) as u64;
+        self.shard
+            .bytes_out
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let request = WriteRequest::new(&self.reply, offset, Bytes::from(bytes)).immediate(raw);
+        if let Err(e) = self.runtime.block_on(self.transport.post_write(request)) {
+            tracing::warn!(
+                card = self.card_index,
+                "cannot reply to {}: {e}",
+                self.reply.node
+            );
         }
     }
 
