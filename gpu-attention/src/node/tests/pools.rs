@@ -104,3 +104,26 @@ fn auto_tries_one_and_two_micro_batches_with_the_reference_tokens() {
         assert_eq!(n.stats().two_micro_batch_steps, twos, "{mb:?}");
     }
 }
+
+#[test]
+fn attention_threads_each_run_on_a_cpu_of_their_own() {
+    let cpus = core_affinity::get_core_ids().unwrap_or_default();
+    if cpus.len() < 2 {
+        eprintln!("skipped: the process may run on {} CPU(s)", cpus.len());
+        return;
+    }
+    let pool = compute_pool(2).expect("an attention pool");
+    let mut seen: Vec<Vec<usize>> = pool.broadcast(|_| {
+        core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.id)
+            .collect()
+    });
+    seen.sort();
+    let first_two: Vec<Vec<usize>> = cpus[..2].iter().map(|c| vec![c.id]).collect();
+    assert_eq!(
+        seen, first_two,
+        "one CPU each, the first two the process may use"
+    );
+}
