@@ -106,24 +106,31 @@ fn auto_tries_one_and_two_micro_batches_with_the_reference_tokens() {
 }
 
 #[test]
-fn attention_threads_each_run_on_a_cpu_of_their_own() {
-    let cpus = core_affinity::get_core_ids().unwrap_or_default();
+fn attention_threads_as_many_as_the_cpus_each_run_on_one() {
+    let cpus: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.id)
+        .collect();
     if cpus.len() < 2 {
         eprintln!("skipped: the process may run on {} CPU(s)", cpus.len());
         return;
     }
-    let pool = compute_pool(2).expect("an attention pool");
-    let mut seen: Vec<Vec<usize>> = pool.broadcast(|_| {
-        core_affinity::get_core_ids()
-            .unwrap_or_default()
-            .iter()
-            .map(|c| c.id)
-            .collect()
-    });
-    seen.sort();
-    let first_two: Vec<Vec<usize>> = cpus[..2].iter().map(|c| vec![c.id]).collect();
-    assert_eq!(
-        seen, first_two,
-        "one CPU each, the first two the process may use"
-    );
+    let on_cpus = |pool: &rayon::ThreadPool| -> Vec<Vec<usize>> {
+        let mut seen: Vec<Vec<usize>> = pool.broadcast(|_| {
+            core_affinity::get_core_ids()
+                .unwrap_or_default()
+                .iter()
+                .map(|c| c.id)
+                .collect()
+        });
+        seen.sort();
+        seen
+    };
+    let wide = compute_pool(cpus.len()).expect("an attention pool");
+    let one_each: Vec<Vec<usize>> = cpus.iter().map(|&c| vec![c]).collect();
+    assert_eq!(on_cpus(&wide), one_each, "one CPU each, every CPU once");
+    // A narrower pool is left where the OS puts it.
+    let narrow = compute_pool(cpus.len() - 1).expect("an attention pool");
+    assert!(on_cpus(&narrow).iter().all(|seen| *seen == cpus));
 }
