@@ -64,8 +64,15 @@ def main():
         preempted += [e["args"]["preempted"] for e in compute if "preempted" in e["args"]]
         blocked += [e["args"]["blocked"] for e in compute if "blocked" in e["args"]]
     med = statistics.median
-    # A step runs from its first layer's attention to the next step's.
-    starts = sorted(e["ts"] for e in events if e["pid"] == 1 and e["name"] == "attention L0")
+    # A step runs from its first layer's attention to the next step's; with two micro-batches
+    # a step has two such spans, and only the first after an LM head starts a step.
+    starts, head_seen = [], True
+    for e in sorted((e for e in events if e["pid"] == 1), key=lambda e: e["ts"]):
+        if e["name"] == "attention L0" and head_seen:
+            starts.append(e["ts"])
+            head_seen = False
+        elif e["name"].startswith("lm-head merge"):
+            head_seen = True
     steps = [(b - a) / 1000 for a, b in zip(starts, starts[1:])][args.skip_steps:]
     if steps:
         print(f"step: {med(steps):.1f} ms (median of {len(steps)}, from one step's first attention span to the next)")

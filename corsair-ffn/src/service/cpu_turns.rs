@@ -37,14 +37,18 @@ pub struct CpuTurns {
 
 #[derive(Debug)]
 struct State {
-    /// Turns not taken (one per CPU).
-    free: usize,
-    /// The CPU of each turn, when a worker is pinned to its turn's CPU (else empty).
-    cpus: Vec<usize>,
-    /// Which of `cpus` a worker holds.
-    taken: Vec<bool>,
+    /// One turn per CPU.
+    turns: Vec<TurnSlot>,
     members: Vec<Member>,
     next_id: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TurnSlot {
+    /// The CPU a worker computing in this turn is pinned to (none: the OS chooses).
+    cpu: Option<usize>,
+    /// Whether a worker holds it.
+    taken: bool,
 }
 
 #[derive(Debug)]
@@ -63,20 +67,25 @@ struct Member {
 impl CpuTurns {
     /// Turns for `cpus` CPUs (at least 1), the OS choosing where each runs.
     pub fn new(cpus: usize) -> Arc<Self> {
-        Self::with_cpus(cpus.max(1), Vec::new())
+        Self::with_turns(vec![None; cpus.max(1)])
     }
 
-    /// One turn per CPU of `cpus`, each computed pinned to its CPU (none: turns as in `new`).
+    /// One turn per CPU of `cpus`, each computed pinned to its CPU (none: one unpinned turn).
     pub fn pinned(cpus: Vec<usize>) -> Arc<Self> {
-        Self::with_cpus(cpus.len().max(1), cpus)
+        if cpus.is_empty() {
+            return Self::new(1);
+        }
+        Self::with_turns(cpus.into_iter().map(Some).collect())
     }
 
-    fn with_cpus(turns: usize, cpus: Vec<usize>) -> Arc<Self> {
+    fn with_turns(cpus: Vec<Option<usize>>) -> Arc<Self> {
+        let turns = cpus
+            .into_iter()
+            .map(|cpu| TurnSlot { cpu, taken: false })
+            .collect();
         Arc::new(CpuTurns {
             state: Mutex::new(State {
-                free: turns,
-                taken: vec![false; cpus.len()],
-                cpus,
+                turns,
                 members: Vec::new(),
                 next_id: 0,
             }),
@@ -97,8 +106,7 @@ impl CpuTurns {
             n => n,
         };
         if per_card == 1 {
-            let allowed = affinity::allowed_cpus();
-            let usable: Vec<usize> = allowed
+            let usable: Vec<usize> = affinity::allowed_cpus()
                 .into_iter()
                 .filter(|&c| exec.cpu_mask == 0 || (c < 64 && exec.cpu_mask & (1 << c) != 0))
                 .collect();
@@ -154,7 +162,12 @@ impl State {
                 }
             })
             .count();
-        older_ready < self.free
+        older_ready < self.free()
+    }
+
+    /// Turns not taken.
+    fn free(&self) -> usize {
+        self.turns.iter().filter(|t| !t.taken).count()
     }
 
     fn member(&mut self, id: u64) -> Option<&mut Member> {
@@ -214,15 +227,15 @@ impl TurnMember {
                 .map(|(s, _)| s)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
-        state.free -= 1;
         if let Some(m) = state.member(self.id) {
             m.waiting = None;
             m.running = true;
         }
-        let slot = state.taken.iter().position(|t| !t);
-        let cpu = slot.map(|i| {
-            state.taken[i] = true;
-            state.cpus[i]
+        // `may_start` saw a free turn.
+        let slot = state.turns.iter().position(|t| !t.taken);
+        let cpu = slot.and_then(|i| {
+            state.turns[i].taken = true;
+            state.turns[i].cpu
         });
         drop(state);
         let pinned = cpu.and_then(affinity::pin_current);
@@ -252,7 +265,7 @@ impl Drop for TurnMember {
 #[derive(Debug)]
 pub struct Turn<'a> {
     member: &'a TurnMember,
-    /// Which pinned CPU it holds, if turns are pinned.
+    /// Which turn it holds.
     slot: Option<usize>,
     /// The worker's CPUs before it was pinned, put back with the turn.
     pinned: Option<affinity::Saved>,
@@ -265,10 +278,9 @@ impl Drop for Turn<'_> {
         }
         let turns = &self.member.turns;
         let mut state = turns.lock();
-        if let Some(taken) = self.slot.and_then(|i| state.taken.get_mut(i)) {
-            *taken = false;
+        if let Some(turn) = self.slot.and_then(|i| state.turns.get_mut(i)) {
+            turn.taken = false;
         }
-        state.free += 1;
         if let Some(m) = state.member(self.member.id) {
             m.running = false;
         }
@@ -286,17 +298,11 @@ mod affinity {
     }
 
     /// The CPUs this thread may run on, in order.
-    #[cfg(target_os = "linux")]
     pub fn allowed_cpus() -> Vec<usize> {
-        // SAFETY: `set` is a plain bit set sized as passed; the call only writes into it.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            // SAFETY: `c` is below CPU_SETSIZE, the set's size in bits.
-            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.id)
             .collect()
     }
 
@@ -332,11 +338,6 @@ mod affinity {
 
         #[cfg(not(target_os = "linux"))]
         pub fn restore(self) {}
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    pub fn allowed_cpus() -> Vec<usize> {
-        Vec::new()
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -463,8 +464,13 @@ mod tests {
     #[test]
     fn a_turn_given_back_wakes_only_the_oldest_waiting() {
         let f = fixture(3);
-        let turns = CpuTurns::new(1);
+        let turns = CpuTurns::new(2);
         let m = f.members(&turns);
+        let set_free = |state: &mut State, free: usize| {
+            for (i, t) in state.turns.iter_mut().enumerate() {
+                t.taken = i >= free;
+            }
+        };
         for i in 0..3 {
             f.land(i);
         }
@@ -480,15 +486,15 @@ mod tests {
             let first = state.member(m[0].id).expect("a member");
             first.waiting = None;
             first.running = true;
-            state.free = 0;
+            set_free(&mut state, 0);
             assert_eq!(ids(&state), Vec::<u64>::new());
             // Its turn given back, card 1 (landed before card 2) is the only one to wake.
             let first = state.member(m[0].id).expect("a member");
             first.running = false;
-            state.free = 1;
+            set_free(&mut state, 1);
             assert_eq!(ids(&state), vec![m[1].id]);
             // With two CPUs free, both wake.
-            state.free = 2;
+            set_free(&mut state, 2);
             assert_eq!(ids(&state), vec![m[1].id, m[2].id]);
         }
         // A message queued in card 0's inbox after theirs holds neither back.
@@ -496,7 +502,7 @@ mod tests {
         let mut state = turns.lock();
         let queued = f.inboxes[0].probe().oldest_landed().expect("queued");
         assert!(queued >= landed[2], "landed after the others");
-        state.free = 1;
+        set_free(&mut state, 1);
         assert_eq!(
             ids(&state),
             vec![m[1].id],
@@ -523,10 +529,18 @@ mod tests {
         );
         // SAFETY: sched_getcpu takes nothing and only reads the calling thread's CPU.
         assert_eq!(unsafe { libc::sched_getcpu() }, last as i32);
-        assert_eq!(turns.lock().taken, vec![true]);
+        let taken = |turns: &CpuTurns| {
+            turns
+                .lock()
+                .turns
+                .iter()
+                .map(|t| t.taken)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(taken(&turns), vec![true]);
         drop(turn);
         assert_eq!(affinity::allowed_cpus(), before, "the CPUs given back");
-        assert_eq!(turns.lock().taken, vec![false]);
+        assert_eq!(taken(&turns), vec![false]);
     }
 
     #[test]
