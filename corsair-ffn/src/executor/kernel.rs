@@ -19,28 +19,33 @@
 pub use model::kernels::KernelChoice;
 use model::kernels::{
     BlockFormat, BlockJob, BlockRows, Mxint8Input, Mxint8Row, Paired, Reduction, Sink, Strides,
-    bf16_block_sums, block_sums, mxint8_block_sums, prefetch_start, register_blocks, token_quads,
+    bf16_block_sums, bf16_reads_one_input_in_one_pass, block_sums, mxint8_block_sums,
+    prefetch_start, register_blocks, token_quads,
 };
 
 use crate::format::TileFormat;
 use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES};
 
-/// How far ahead (bytes) the kernel prefetches a tile's weights, except for one token over a
-/// dense (bf16, f16, f32) tile: that reads the tile front to back in 8-row blocks, one
-/// sequential stream that the hardware prefetcher follows better alone. On a 2-core AMD EPYC
-/// (Zen 4) VM, bench_expert's GPT-OSS-20B expert in bf16 (one thread, one token) streamed at
-/// 16.9-17.9 GB/s without the software prefetch against 14.4-15.8 with it (bf16 inputs; f32
-/// inputs 14.6-15.9 against 12.1-12.5), both builds alternated 3 times. MXFP4 tiles, decoded
-/// in registers and read more slowly, keep a prefetch (without, their f32-input call took
-/// 1.40-1.61 against 1.37-1.51 ms); for one token, since their decode got shorter, at
-/// [`MXFP4_ONE_TOKEN_PREFETCH_BYTES`]. From two tokens on either way was within the noise.
+/// How far ahead (bytes) the kernel prefetches a tile's weights, except for one token: over
+/// the tiles of [`ONE_TOKEN_PREFETCH_BYTES`], or over another dense (bf16, f16, f32) tile,
+/// which the kernel reads front to back in four passes over each group of 8 rows, and the
+/// hardware prefetcher follows better alone: on a 2-core AMD EPYC (Zen 4) VM, bench_expert's
+/// GPT-OSS-20B expert in bf16 (one thread, one token, f32 inputs) streamed at 14.6-15.9 GB/s
+/// without the software prefetch against 12.1-12.5 with it, both builds alternated 3 times.
+/// MXFP4 tiles, decoded in registers and read more slowly, keep a prefetch (without, their
+/// f32-input call took 1.40-1.61 against 1.37-1.51 ms). From two tokens on either way was
+/// within the noise.
 const PREFETCH_BYTES: usize = 8192;
 
-/// The prefetch distance for one token over an MXFP4 tile (row pairs, a shorter decode): the
-/// same bench_expert expert (bf16 inputs, one thread), the distances taken in turn in one run,
-/// took 0.85-0.90 ms a call at 2 KB against 0.92-0.99 at 8 KB, 0.89-0.96 at 4 KB and 0.94-1.08
-/// without (three runs); with two such processes at once, 0.91-0.98 against 1.03-1.05.
-const MXFP4_ONE_TOKEN_PREFETCH_BYTES: usize = 2048;
+/// The prefetch distance for one token over an MXFP4 tile (row pairs, a short decode), or over
+/// a bf16 tile with bf16 inputs that the bf16 path reads in one pass
+/// ([`bf16_reads_one_input_in_one_pass`]: the AVX2 path's eight-row sub-blocks).
+/// - MXFP4: bench_expert's GPT-OSS-20B expert (bf16 inputs, one thread, Zen 4 VM), the
+///   distances taken in turn in one run, took 0.85-0.90 ms a call at 2 KB against 0.92-0.99
+///   at 8 KB, 0.89-0.96 at 4 KB and 0.94-1.08 without (three runs).
+/// - bf16: the same expert in bf16 (bf16 inputs, one thread, Zen 3 VM) streamed 12.0-12.8 GB/s
+///   with 2 KB against 8.4-10.6 without, alternated three times (4 KB: 11.8-13.9).
+const ONE_TOKEN_PREFETCH_BYTES: usize = 2048;
 
 /// Rows per group in tile storage.
 pub const ROW_GROUP: usize = 8;
@@ -285,8 +290,12 @@ pub fn tile_partials(
         out.len() >= tokens * tile.rows * per_row,
         "tile output too short"
     );
-    let prefetch = if tokens == 1 && tile.format == TileFormat::Mxfp4 {
-        MXFP4_ONE_TOKEN_PREFETCH_BYTES
+    let short_prefetch = tile.format == TileFormat::Mxfp4
+        || (tile.format == TileFormat::Bf16
+            && matches!(x, TileInput::Bf16(_))
+            && bf16_reads_one_input_in_one_pass(kernel));
+    let prefetch = if tokens == 1 && short_prefetch {
+        ONE_TOKEN_PREFETCH_BYTES
     } else if tokens > 1 || tile.format.has_scales() {
         PREFETCH_BYTES
     } else {

@@ -503,11 +503,14 @@ pub(super) const fn sub_rows(tokens: usize) -> usize {
 }
 
 /// Calls `sub::<RR, TT>(r0, t0)` over rows `0..R` and inputs `0..T` in sub-blocks of at most
-/// four products: `RR x TT` in (4, 1), (2, 2), (1, 4) and what is left at the edges.
+/// `per` rows ([`sub_rows`] unless a path knows better) and four inputs: `RR x TT` in (8, 1),
+/// (4, 1), (2, 2), (1, 4) and what is left at the edges.
 macro_rules! sub_blocks {
-    ($r:expr, $t:expr, $call:ident) => {{
-        let (rows, tokens) = ($r, $t);
-        let per = sub_rows(tokens);
+    ($r:expr, $t:expr, $call:ident) => {
+        sub_blocks!($r, $t, sub_rows($t), $call)
+    };
+    ($r:expr, $t:expr, $per:expr, $call:ident) => {{
+        let (rows, tokens, per) = ($r, $t, $per);
         let mut r0 = 0;
         while r0 < rows {
             let rr = (rows - r0).min(per);
@@ -515,6 +518,7 @@ macro_rules! sub_blocks {
             while t0 < tokens {
                 let tt = (tokens - t0).min(4);
                 match (rr, tt) {
+                    (8, _) => $call!(8, 1, r0, t0),
                     (4, _) => $call!(4, 1, r0, t0),
                     (3, _) => $call!(3, 1, r0, t0),
                     (2, 1) => $call!(2, 1, r0, t0),

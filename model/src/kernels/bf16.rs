@@ -193,6 +193,23 @@ pub fn bf16_block_sums<const R: usize, const T: usize>(
     portable::<R, T>(w, x, reduction, emit)
 }
 
+/// Whether [`bf16_block_sums`] under `kernel`, on this CPU, reads one input's bf16 rows in
+/// one pass over each register block (the AVX2 path's eight-row sub-blocks), so that a
+/// software prefetch ahead of the block is what keeps the stream going; the AVX-512 BF16 path
+/// and the portable one read them otherwise.
+pub fn bf16_reads_one_input_in_one_pass(kernel: KernelChoice) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx512 = kernel == KernelChoice::Auto && super::avx512_bf16::available();
+        !avx512 && kernel.avx2()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = kernel;
+        false
+    }
+}
+
 /// The bf16 order one lane at a time (sizes already checked).
 fn portable<const R: usize, const T: usize>(
     w: &BlockRows<'_, R>,

@@ -3,38 +3,41 @@ use super::*;
 use crate::weights::WeightMatrix;
 use proptest::prelude::*;
 
-/// 3 rows x 2 inputs of `format` over `blocks` blocks, rows interleaved block by block (the
-/// card's tile layout), in segments of `segment` blocks: each path's sums against
+/// `R` rows x `T` inputs of `format` over `blocks` blocks, rows interleaved block by block
+/// (the card's tile layout), in segments of `segment` blocks: each path's sums against
 /// [`bf16_partial`] of the decoded values and the rounded inputs, segment by segment.
-fn check_bf16(format: BlockFormat, blocks: usize, segment: usize, seed: u64) {
-    let stored = InterleavedRows::new(format, false, blocks, seed);
+fn check_bf16<const R: usize, const T: usize>(
+    format: BlockFormat,
+    blocks: usize,
+    segment: usize,
+    seed: u64,
+) {
+    let stored = InterleavedRows::with_rows(R, format, false, blocks, seed);
     let rows = &stored.rows;
-    let x: Vec<Vec<u16>> = (0..2)
-        .map(|t| {
-            let mut xb = Vec::new();
-            round_rows(&values(seed + 10 + t, blocks * BLOCK), &mut xb);
-            xb
-        })
-        .collect();
-    let w = stored.block_rows();
+    let x: [Vec<u16>; T] = std::array::from_fn(|t| {
+        let mut xb = Vec::new();
+        round_rows(&values(seed + 10 + t as u64, blocks * BLOCK), &mut xb);
+        xb
+    });
+    let w = stored.block_rows::<R>();
     let reduction = Reduction {
         segment,
         ..Reduction::whole(0..blocks)
     };
     for kernel in KernelChoice::ALL {
-        let mut got = vec![[[0f32; 2]; 3]; reduction.segments()];
-        bf16_block_sums::<3, 2>(
+        let mut got = vec![[[0f32; T]; R]; reduction.segments()];
+        bf16_block_sums::<R, T>(
             &w,
-            &[&x[0], &x[1]],
+            &std::array::from_fn(|t| x[t].as_slice()),
             &reduction,
             kernel,
-            |s: usize, sums: &[[f32; 2]; 3]| got[s] = *sums,
+            |s: usize, sums: &[[f32; T]; R]| got[s] = *sums,
         );
         for (s, got) in got.iter().enumerate() {
             let (start, end) = (s * segment * BLOCK, ((s + 1) * segment).min(blocks) * BLOCK);
             for (r, (natural, _, _)) in rows.iter().enumerate() {
-                for t in 0..2 {
-                    let want = bf16_partial(natural, &x[t], start, end);
+                for (t, x) in x.iter().enumerate() {
+                    let want = bf16_partial(natural, x, start, end);
                     assert_eq!(
                         got[r][t].to_bits(),
                         want.to_bits(),
@@ -58,7 +61,10 @@ fn bf16_order_equals_its_definition_on_both_paths() {
             (40, 40, 5),
             (45, 20, 9),
         ] {
-            check_bf16(format, blocks, segment, seed);
+            check_bf16::<3, 2>(format, blocks, segment, seed);
+            // A card's group of 8 rows against one input: the AVX2 path's eight-row
+            // sub-block for bf16 rows.
+            check_bf16::<8, 1>(format, blocks, segment, seed);
         }
     }
 }

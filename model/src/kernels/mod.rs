@@ -50,8 +50,8 @@ mod portable;
 mod x86;
 
 pub use bf16::{
-    ActivationDtype, bf16_block_sums, bf16_partial, bf16_value, flushed_term, round_bf16,
-    round_rows,
+    ActivationDtype, bf16_block_sums, bf16_partial, bf16_reads_one_input_in_one_pass, bf16_value,
+    flushed_term, round_bf16, round_rows,
 };
 pub use block::{BlockFormat, BlockRows, Lanes, Strides, decode_block, decode_value};
 pub use matmul::{MatVec, matmul, matmul_with, matvecs};

@@ -209,7 +209,7 @@ const FORMATS: [BlockFormat; 5] = [
     BlockFormat::Mxint8,
 ];
 
-/// Three rows of random blocks ([`random_blocks`]) stored interleaved block by block, the card's
+/// Rows of random blocks ([`random_blocks`]) stored interleaved block by block, the card's
 /// tile layout (so the kernels' strides are exercised).
 pub(crate) struct InterleavedRows {
     /// Each row's natural-order values, stored bytes and scales.
@@ -220,18 +220,30 @@ pub(crate) struct InterleavedRows {
 }
 
 impl InterleavedRows {
+    /// Three rows.
     pub(crate) fn new(format: BlockFormat, paired: bool, blocks: usize, seed: u64) -> Self {
-        let rows: Vec<_> = (0..3)
+        Self::with_rows(3, format, paired, blocks, seed)
+    }
+
+    /// `n` rows.
+    pub(crate) fn with_rows(
+        n: usize,
+        format: BlockFormat,
+        paired: bool,
+        blocks: usize,
+        seed: u64,
+    ) -> Self {
+        let rows: Vec<_> = (0..n as u64)
             .map(|r| random_blocks(format, paired, blocks, seed + r))
             .collect();
         let bb = format.block_bytes();
-        let mut data = vec![0u8; 3 * blocks * bb];
-        let mut scales = vec![0u8; 3 * blocks];
+        let mut data = vec![0u8; n * blocks * bb];
+        let mut scales = vec![0u8; n * blocks];
         for (r, (_, d, s)) in rows.iter().enumerate() {
             for b in 0..blocks {
-                data[(b * 3 + r) * bb..(b * 3 + r + 1) * bb]
+                data[(b * n + r) * bb..(b * n + r + 1) * bb]
                     .copy_from_slice(&d[b * bb..(b + 1) * bb]);
-                scales[b * 3 + r] = s[b];
+                scales[b * n + r] = s[b];
             }
         }
         InterleavedRows {
@@ -242,17 +254,19 @@ impl InterleavedRows {
         }
     }
 
-    pub(crate) fn block_rows(&self) -> BlockRows<'_, 3> {
+    /// The rows as the kernels take them (`R`: how many were made).
+    pub(crate) fn block_rows<const R: usize>(&self) -> BlockRows<'_, R> {
+        assert_eq!(R, self.rows.len(), "a view of every row made");
         let bb = self.format.block_bytes();
-        BlockRows::<3>::new(
+        BlockRows::<R>::new(
             self.format,
             &self.data,
             Strides {
                 row: bb,
-                block: 3 * bb,
+                block: R * bb,
             },
             &self.scales,
-            Strides { row: 1, block: 3 },
+            Strides { row: 1, block: R },
         )
     }
 }
