@@ -289,11 +289,12 @@ pub fn tile_partials(
         out.len() >= tokens * tile.rows * per_row,
         "tile output too short"
     );
-    let short_prefetch = tile.format == TileFormat::Mxfp4
-        || (tile.format == TileFormat::Bf16
-            && matches!(x, TileInput::Bf16(_))
-            && bf16_reads_one_input_in_one_pass(kernel));
-    let prefetch = if tokens == 1 && short_prefetch {
+    let short_prefetch = tokens == 1
+        && (tile.format == TileFormat::Mxfp4
+            || (tile.format == TileFormat::Bf16
+                && matches!(x, TileInput::Bf16(_))
+                && bf16_reads_one_input_in_one_pass(kernel)));
+    let prefetch = if short_prefetch {
         ONE_TOKEN_PREFETCH_BYTES
     } else if tokens > 1 || tile.format.has_scales() {
         PREFETCH_BYTES

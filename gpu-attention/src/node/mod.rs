@@ -372,9 +372,10 @@ fn solo_pool(
 /// the pool is as wide as the CPUs the process may use (a narrower pool is left to the OS, so
 /// that several processes on one host do not all crowd onto the first CPUs). The pool wakes
 /// twice a layer, and a guest scheduler that packs waking threads onto fewer vCPUs (this
-/// project's 2-vCPU VMs, `sched_vcpu_pack`) often ran both on one: GPT-OSS-20B on 8 cards at one token took 205-210 ms a step pinned against
-/// 214-276 unpinned, four runs each, alternated (`afd generate --trace`); a batch of 4 stayed
-/// within the noise (500-553 against 508-534).
+/// project's 2-vCPU VMs, `sched_vcpu_pack`) often ran both on one: GPT-OSS-20B on 8 cards at
+/// one token took 205-210 ms a step pinned against 214-276 unpinned, four runs each,
+/// alternated (`afd generate --trace`); a batch of 4 stayed within the noise (500-553 against
+/// 508-534).
 fn compute_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, StepError> {
     let cpus = core_affinity::get_core_ids().unwrap_or_default();
     let pin = threads > 1 && threads == cpus.len();

@@ -513,7 +513,11 @@ macro_rules! sub_blocks {
         let (rows, tokens, per) = ($r, $t, $per);
         let mut r0 = 0;
         while r0 < rows {
-            let rr = (rows - r0).min(per);
+            // The widest sub-block there is an arm for: 5-7 rows left take 4, then the rest.
+            let rr = [8, 4, 3, 2, 1]
+                .into_iter()
+                .find(|&n| n <= per && n <= rows - r0)
+                .unwrap_or(1);
             let mut t0 = 0;
             while t0 < tokens {
                 let tt = (tokens - t0).min(4);

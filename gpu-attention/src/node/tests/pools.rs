@@ -107,23 +107,21 @@ fn auto_tries_one_and_two_micro_batches_with_the_reference_tokens() {
 
 #[test]
 fn attention_threads_as_many_as_the_cpus_each_run_on_one() {
-    let cpus: Vec<usize> = core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .iter()
-        .map(|c| c.id)
-        .collect();
+    // The CPUs the calling thread may run on.
+    let allowed = || -> Vec<usize> {
+        core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.id)
+            .collect()
+    };
+    let cpus = allowed();
     if cpus.len() < 2 {
         eprintln!("skipped: the process may run on {} CPU(s)", cpus.len());
         return;
     }
     let on_cpus = |pool: &rayon::ThreadPool| -> Vec<Vec<usize>> {
-        let mut seen: Vec<Vec<usize>> = pool.broadcast(|_| {
-            core_affinity::get_core_ids()
-                .unwrap_or_default()
-                .iter()
-                .map(|c| c.id)
-                .collect()
-        });
+        let mut seen: Vec<Vec<usize>> = pool.broadcast(|_| allowed());
         seen.sort();
         seen
     };
