@@ -19,8 +19,9 @@
 pub use model::kernels::KernelChoice;
 use model::kernels::{
     BlockFormat, BlockJob, BlockRows, Mxint8Input, Mxint8Row, Paired, Reduction, Sink, Strides,
-    bf16_block_sums, bf16_reads_one_input_in_one_pass, block_sums, mxint8_block_sums,
-    prefetch_start, register_blocks, token_quads,
+    bf16_block_sums, bf16_reads_one_input_in_one_pass, block_sums,
+    block_sums_read_one_input_in_one_pass, mxint8_block_sums, prefetch_start, register_blocks,
+    token_quads,
 };
 
 use crate::format::TileFormat;
@@ -37,13 +38,17 @@ use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES};
 const PREFETCH_BYTES: usize = 8192;
 
 /// The prefetch distance for one token over an MXFP4 tile (row pairs, a short decode), or over
-/// a bf16 tile with bf16 inputs that the bf16 path reads in one pass
-/// ([`bf16_reads_one_input_in_one_pass`]: the AVX2 path's eight-row sub-blocks).
+/// a bf16 tile that the kernel reads in one pass ([`bf16_reads_one_input_in_one_pass`] for
+/// bf16 inputs, [`block_sums_read_one_input_in_one_pass`] for f32 ones: the AVX2 paths'
+/// eight-row sub-blocks).
 /// - MXFP4: bench_expert's GPT-OSS-20B expert (bf16 inputs, one thread, Zen 4 VM), the
 ///   distances taken in turn in one run, took 0.85-0.90 ms a call at 2 KB against 0.92-0.99
 ///   at 8 KB, 0.89-0.96 at 4 KB and 0.94-1.08 without (three runs).
 /// - bf16: the same expert in bf16 (bf16 inputs, one thread, Zen 3 VM) streamed 12.0-12.8 GB/s
-///   with 2 KB against 8.4-10.6 without, alternated three times (4 KB: 11.8-13.9).
+///   with 2 KB against 8.4-10.6 without, alternated three times (4 KB: 11.8-13.9). With f32
+///   inputs, eight-row sub-blocks and 2 KB took 3.5-4.0 ms a call against 5.1-6.3 in two-row
+///   sub-blocks without a prefetch (12.5-14.3 against 7.9-9.7 GB/s), the builds alternated
+///   six times (level in one of them).
 const ONE_TOKEN_PREFETCH_BYTES: usize = 2048;
 
 /// Rows per group in tile storage.
@@ -292,8 +297,11 @@ pub fn tile_partials(
     let short_prefetch = tokens == 1
         && (tile.format == TileFormat::Mxfp4
             || (tile.format == TileFormat::Bf16
-                && matches!(x, TileInput::Bf16(_))
-                && bf16_reads_one_input_in_one_pass(kernel)));
+                && match x {
+                    TileInput::Bf16(_) => bf16_reads_one_input_in_one_pass(kernel),
+                    TileInput::Paired(_) => block_sums_read_one_input_in_one_pass(kernel),
+                    TileInput::Mxint8 { .. } => false,
+                }));
     let prefetch = if short_prefetch {
         ONE_TOKEN_PREFETCH_BYTES
     } else if tokens > 1 || tile.format.has_scales() {

@@ -502,6 +502,21 @@ pub(super) const fn sub_rows(tokens: usize) -> usize {
     }
 }
 
+/// Rows per sub-block for `tokens` inputs over rows of format `F`: [`sub_rows`], except one
+/// input over bf16 rows read a block of every row at a time (not `rows_first`, a card's tile),
+/// which takes eight rows at once, so a card's group of eight rows is read in one pass, one
+/// stream, instead of four passes each over a quarter of every block's bytes (as
+/// `avx2_bf16::sub_rows_for` does for bf16 inputs). GPT-OSS-20B's bf16 expert in bench_expert
+/// (f32 inputs, one token, one thread, Zen 3 VM), with the 2 KB prefetch of one-token tiles:
+/// see `ONE_TOKEN_PREFETCH_BYTES` in corsair-ffn's executor.
+const fn sub_rows_for<const F: u8>(tokens: usize, rows_first: bool) -> usize {
+    if F == BF16 && tokens == 1 && !rows_first {
+        8
+    } else {
+        sub_rows(tokens)
+    }
+}
+
 /// Calls `sub::<RR, TT>(r0, t0)` over rows `0..R` and inputs `0..T` in sub-blocks of at most
 /// `per` rows ([`sub_rows`] unless a path knows better) and four inputs: `RR x TT` in (8, 1),
 /// (4, 1), (2, 2), (1, 4) and what is left at the edges.
@@ -612,7 +627,7 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
                 }
             }};
         }
-        sub_blocks!(R, T, call);
+        sub_blocks!(R, T, sub_rows_for::<F>(T, shape.rows_first), call);
         emit.segment(s, &out);
     }
 }

@@ -329,6 +329,22 @@ impl<const R: usize, const T: usize, F: FnMut(usize, &[[f32; T]; R])> Sink<R, T>
     }
 }
 
+/// Whether [`block_sums`] under `kernel`, on this CPU, reads one input's bf16 rows in one pass
+/// over each register block (the AVX2 path's eight-row sub-blocks, where AVX-512 is not
+/// taken), so that a software prefetch ahead of the block is what keeps the stream going.
+pub fn block_sums_read_one_input_in_one_pass(kernel: KernelChoice) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx512 = kernel == KernelChoice::Auto && avx512::available();
+        !avx512 && kernel.avx2()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = kernel;
+        false
+    }
+}
+
 /// Folded sums of `R` weight rows against `T` input rows in `order`, on the path `kernel`
 /// picks: for each segment `s` of `reduction`, `emit.segment(s, sums)` with `sums[r][t]` the
 /// segment's sum of row `r` of `w` against `x[t]`.

@@ -271,33 +271,33 @@ impl InterleavedRows {
     }
 }
 
-/// 3 rows x 2 inputs over `blocks` blocks in the paired order, rows interleaved block by block:
-/// each path's sums against [`paired_partial`] of the natural-order values.
-fn check_paired(format: BlockFormat, blocks: usize, seed: u64) {
-    let stored = InterleavedRows::new(format, true, blocks, seed);
+/// `R` rows x `T` inputs over `blocks` blocks in the paired order, rows interleaved block by
+/// block: each path's sums against [`paired_partial`] of the natural-order values.
+fn check_paired<const R: usize, const T: usize>(format: BlockFormat, blocks: usize, seed: u64) {
+    let stored = InterleavedRows::with_rows(R, format, true, blocks, seed);
     let rows = &stored.rows;
-    let x: Vec<Vec<f32>> = (0..2)
+    let x: Vec<Vec<f32>> = (0..T as u64)
         .map(|t| values(seed + 10 + t, blocks * BLOCK))
         .collect();
     let xp: Vec<Vec<f32>> = x.iter().map(|x| pair_ordered(x)).collect();
-    let w = stored.block_rows();
+    let w = stored.block_rows::<R>();
     for kernel in KernelChoice::ALL {
-        let mut got = [[0f32; 2]; 3];
+        let mut got = [[0f32; T]; R];
         let whole = Reduction::whole(0..blocks);
-        block_sums::<Paired, 3, 2>(
+        block_sums::<Paired, R, T>(
             &w,
-            &[&xp[0], &xp[1]],
+            &std::array::from_fn(|t| xp[t].as_slice()),
             &whole,
             kernel,
-            |_, s: &[[f32; 2]; 3]| got = *s,
+            |_, s: &[[f32; T]; R]| got = *s,
         );
         for (r, (natural, _, _)) in rows.iter().enumerate() {
-            for t in 0..2 {
-                let want = paired_partial(natural, &x[t], 0, blocks * BLOCK);
+            for (t, x) in x.iter().enumerate() {
+                let want = paired_partial(natural, x, 0, blocks * BLOCK);
                 assert_eq!(
                     got[r][t].to_bits(),
                     want.to_bits(),
-                    "{format:?} {kernel:?} row {r} input {t}"
+                    "{format:?} {kernel:?} {R} rows, row {r} input {t}"
                 );
             }
         }
@@ -308,7 +308,11 @@ fn check_paired(format: BlockFormat, blocks: usize, seed: u64) {
 fn paired_order_equals_its_definition_on_both_paths_for_every_format() {
     for format in FORMATS {
         for (blocks, seed) in [(1, 1), (3, 7), (16, 11)] {
-            check_paired(format, blocks, seed);
+            check_paired::<3, 2>(format, blocks, seed);
+            // A card's group of 8 rows against one input (the AVX2 path's eight-row sub-block
+            // for bf16 rows), and 7 rows (sub-blocks of 4, 2 and 1).
+            check_paired::<8, 1>(format, blocks, seed);
+            check_paired::<7, 1>(format, blocks, seed);
         }
     }
 }
