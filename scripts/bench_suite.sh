@@ -32,7 +32,9 @@
 # (the -auto one over the in-process transport instead of loopback QUIC: what the data plane's
 # packets and wake-ups cost a step), and the `-mxint8` twins of monolithic, afd-2cards and
 # afd-8cards (`--activation-dtype mxint8`: MXFP4 experts take MXINT8 inputs and integer block
-# sums, as llama.cpp's MXFP4 path takes 8-bit ones; bf16 weights as with bf16).
+# sums, as llama.cpp's MXFP4 path takes 8-bit ones; bf16 weights as with bf16), and the `-ct2`
+# twins of afd-2cards-auto, afd-2cards-bf16-auto and afd-8cards-mxint8-auto (`--card-threads 2`:
+# each card's executor on two threads).
 # With --with-llamacpp, llama.cpp's llama-server is a variant too (`llama-server`), built from
 # source and fed a GGUF converted from the same checkpoint by scripts/bench_llamacpp.sh (both
 # cached under the cargo target folder), served with `-t THREADS -np <largest concurrency> -kvu
@@ -151,6 +153,9 @@ all_variants=(
     "afd-2cards-mxint8|--cards 2 --micro-batches 2 --activation-dtype mxint8"
     "afd-8cards-mxint8|--cards 8 --micro-batches 2 --activation-dtype mxint8"
     "afd-8cards-mxint8-auto|--cards 8 --activation-dtype mxint8"
+    "afd-2cards-ct2|--cards 2 --card-threads 2"
+    "afd-2cards-bf16-ct2|--cards 2 --activation-dtype bf16 --card-threads 2"
+    "afd-8cards-mxint8-ct2|--cards 8 --activation-dtype mxint8 --card-threads 2"
 )
 default_variants=",monolithic,afd-1card,afd-2cards,afd-4cards,afd-2cards-no-overlap,"
 variants=()
