@@ -502,14 +502,17 @@ pub(super) const fn sub_rows(tokens: usize) -> usize {
     }
 }
 
-/// Rows per sub-block for `tokens` inputs over rows of format `F`: [`sub_rows`], except one
-/// input over bf16 rows read a block of every row at a time (not `rows_first`, a card's tile),
-/// which takes eight rows at once, so a card's group of eight rows is read in one pass, one
-/// stream, instead of four passes each over a quarter of every block's bytes (as
-/// `avx2_bf16::sub_rows_for` does for bf16 inputs). Together with the 2 KB prefetch of
-/// one-token tiles this made GPT-OSS-20B's bf16 expert about 1.5x as fast (f32 inputs, one
-/// thread, Zen 3 VM; `ONE_TOKEN_PREFETCH_BYTES` in corsair-ffn's executor has the figures).
-const fn sub_rows_for<const F: u8>(tokens: usize, rows_first: bool) -> usize {
+/// Rows per sub-block for `tokens` inputs over rows of format `F` (this path's f32 inputs and
+/// the bf16 path's): [`sub_rows`], except one input over bf16 rows read a block of every row at
+/// a time (not `rows_first`, a card's tile), which takes eight rows at once, so a card's group
+/// of eight rows is read in one pass, one sequential stream, instead of four passes each over
+/// a quarter of every block's bytes. The sixteen accumulators do not all fit in registers, and
+/// some live on the stack, which costs less than the passes. GPT-OSS-20B's bf16 expert in
+/// bench_expert (one token, one thread, Zen 3 VM), with the 2 KB prefetch of one-token tiles
+/// (`ONE_TOKEN_PREFETCH_BYTES` in corsair-ffn's executor): bf16 inputs streamed 12.0-13.7 GB/s
+/// against 8.0-10.1 in two-row sub-blocks and 8.7-12.2 in four-row ones (builds alternated
+/// three times); f32 inputs 12.5-14.3 against 7.9-9.7 (six times, level in one).
+pub(super) const fn sub_rows_for<const F: u8>(tokens: usize, rows_first: bool) -> usize {
     if F == BF16 && tokens == 1 && !rows_first {
         8
     } else {

@@ -14,7 +14,7 @@
 
 use super::avx2::{
     Block, Fp4Bytes, InputVectors, Layout, add_terms, even_of_pairs, fold_block, layout, lookup,
-    odd_of_pairs, pair_nibbles, row_nibbles, row_pairs, sub_blocks, sub_rows,
+    odd_of_pairs, pair_nibbles, row_nibbles, row_pairs, sub_blocks, sub_rows_for,
 };
 use super::bf16::portable_segment;
 use super::x86::{BF16, MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, data_at, prefetch, second_of_pair};
@@ -210,22 +210,6 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
             portable_segment(w, x, reduction, s)
         };
         emit.segment(s, &out);
-    }
-}
-
-/// Rows per sub-block for `tokens` inputs over rows of format `F`: [`sub_rows`], except one
-/// input over dense bf16 rows read a block of every row at a time (not `rows_first`), which
-/// takes eight rows at once, so a card's group of eight rows is read in one pass, one
-/// sequential stream, instead of four passes each over a quarter of every block's bytes. The
-/// sixteen accumulators do not all fit in registers, and some live on the stack, which costs
-/// less than the passes: GPT-OSS-20B's bf16 expert in bench_expert (one token, one thread,
-/// Zen 3 VM) streamed 12.0-13.7 GB/s with the 2 KB prefetch of one-token tiles, against
-/// 8.0-10.1 before, and 8.7-12.2 in four-row sub-blocks (builds alternated three times).
-const fn sub_rows_for<const F: u8>(tokens: usize, rows_first: bool) -> usize {
-    if F == BF16 && tokens == 1 && !rows_first {
-        8
-    } else {
-        sub_rows(tokens)
     }
 }
 

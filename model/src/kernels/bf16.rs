@@ -199,15 +199,10 @@ pub fn bf16_block_sums<const R: usize, const T: usize>(
 /// and the portable one read them otherwise.
 pub fn bf16_reads_one_input_in_one_pass(kernel: KernelChoice) -> bool {
     #[cfg(target_arch = "x86_64")]
-    {
-        let avx512 = kernel == KernelChoice::Auto && super::avx512_bf16::available();
-        !avx512 && kernel.avx2()
-    }
+    let avx512 = super::avx512_bf16::available;
     #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = kernel;
-        false
-    }
+    let avx512 = || false;
+    kernel.takes_avx2(avx512)
 }
 
 /// The bf16 order one lane at a time (sizes already checked).

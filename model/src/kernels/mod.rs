@@ -93,6 +93,20 @@ impl KernelChoice {
     fn avx2(self) -> bool {
         self != KernelChoice::Portable && avx2::available()
     }
+
+    /// Whether a kernel under this choice takes the AVX2 path, where `avx512` says whether
+    /// the CPU has the AVX-512 features the kernel's wider path needs (`Auto` takes that one).
+    fn takes_avx2(self, avx512: impl FnOnce() -> bool) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            !(self == KernelChoice::Auto && avx512()) && self.avx2()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = avx512;
+            false
+        }
+    }
 }
 
 /// A fixed summation order of the matrix kernel (see the module documentation).
@@ -334,15 +348,10 @@ impl<const R: usize, const T: usize, F: FnMut(usize, &[[f32; T]; R])> Sink<R, T>
 /// taken), so that a software prefetch ahead of the block is what keeps the stream going.
 pub fn block_sums_read_one_input_in_one_pass(kernel: KernelChoice) -> bool {
     #[cfg(target_arch = "x86_64")]
-    {
-        let avx512 = kernel == KernelChoice::Auto && avx512::available();
-        !avx512 && kernel.avx2()
-    }
+    let avx512 = avx512::available;
     #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = kernel;
-        false
-    }
+    let avx512 = || false;
+    kernel.takes_avx2(avx512)
 }
 
 /// Folded sums of `R` weight rows against `T` input rows in `order`, on the path `kernel`
