@@ -122,25 +122,36 @@ pub(super) struct InputVectors {
 }
 
 impl InputVectors {
-    /// Room for `tokens` inputs of `blocks` blocks, reusing this thread's buffer.
+    /// Room for `tokens` inputs of `blocks` blocks, reusing this thread's buffer; the caller
+    /// then [`Self::push`]es every block of input 0, then of input 1, ... (written once, not
+    /// zeroed first: zeroing cost a few percent of a card's decode step).
     pub fn take(tokens: usize, blocks: usize) -> Self {
         let mut vectors = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
         vectors.clear();
-        // SAFETY: all-zero bits are eight zeros.
-        vectors.resize(tokens * blocks * 4, unsafe { std::mem::zeroed() });
+        vectors.reserve(tokens * blocks * 4);
         InputVectors { vectors, blocks }
     }
 
-    /// The four registers of block `b` of input `t`.
+    /// Appends the next block's four registers.
     #[inline(always)]
-    pub fn block_mut(&mut self, t: usize, b: usize) -> &mut [__m256] {
-        let at = (t * self.blocks + b) * 4;
-        &mut self.vectors[at..at + 4]
+    pub fn push(&mut self, block: [__m256; 4]) {
+        self.vectors.extend_from_slice(&block);
+    }
+
+    /// Appends a half block: its two registers, then two of zeros.
+    #[inline(always)]
+    pub fn push_half(&mut self, half: [__m256; 2]) {
+        // SAFETY: all-zero bits are eight zeros.
+        let zero: __m256 = unsafe { std::mem::zeroed() };
+        self.vectors
+            .extend_from_slice(&[half[0], half[1], zero, zero]);
     }
 
     /// Where block `b` of input `t` starts.
     #[inline(always)]
     pub fn at(&self, t: usize, b: usize) -> *const __m256 {
+        // The kernels read all of input t's blocks from here: every one must have been pushed.
+        assert!((t + 1) * self.blocks * 4 <= self.vectors.len());
         self.vectors[(t * self.blocks + b) * 4..].as_ptr()
     }
 }
@@ -580,19 +591,17 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
     let half = reduction.half && matches!(F, F32 | BF16 | F16);
     // The inputs, block by block from `blocks.start`, with the half block after the last.
     let mut inputs = InputVectors::take(T, blocks.len() + usize::from(half));
-    for (t, x) in x.iter().enumerate() {
+    for x in x.iter() {
         for i in 0..blocks.len() {
             let p = x[(blocks.start + i) * BLOCK..].as_ptr();
             // SAFETY: each input holds blocks.end whole blocks (checked by the caller).
             let (a, b) = unsafe { (lanes_at(p, layout), lanes_at(p.add(LANES), layout)) };
-            inputs
-                .block_mut(t, i)
-                .copy_from_slice(&[a[0], a[1], b[0], b[1]]);
+            inputs.push([a[0], a[1], b[0], b[1]]);
         }
         if half {
             // SAFETY: the input holds the first half of block `end` (checked by the caller).
             let a = unsafe { lanes_at(x[blocks.end * BLOCK..].as_ptr(), layout) };
-            inputs.block_mut(t, blocks.len())[..2].copy_from_slice(&a);
+            inputs.push_half(a);
         }
     }
     let shape = Shape {

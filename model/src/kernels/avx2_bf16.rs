@@ -132,8 +132,8 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
             };
             // This chunk's inputs, odd elements first, and their smallest magnitude.
             let mut inputs = InputVectors::take(T, chunk.len());
-            for (t, x) in x.iter().enumerate() {
-                for (i, b) in chunk.clone().enumerate() {
+            for x in x.iter() {
+                for b in chunk.clone() {
                     // SAFETY: each input holds blocks.end whole blocks (checked by the caller).
                     let (lo, hi) = unsafe {
                         let p = x[b * BLOCK..].as_ptr();
@@ -150,7 +150,7 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
                             _mm256_permute2x128_si256::<0x31>(lo, hi),
                         ),
                     };
-                    inputs.block_mut(t, i).copy_from_slice(&[
+                    inputs.push([
                         odd_of_pairs(a),
                         odd_of_pairs(b),
                         even_of_pairs(a),
