@@ -11,6 +11,7 @@ use corsair_ffn::compiler::StoredFormats;
 use deploy::deployment::{Deployment, MicroBatchSetting};
 use deploy::plan::seed::{SEED_ROWS, apply, calibrate};
 use deploy::plan::{Plan, load_profiles, plan};
+use deploy::replication::ReplicateExperts;
 use gpu_attention::MicroBatches;
 use model::ModelConfig;
 use plotters::prelude::*;
@@ -39,8 +40,13 @@ impl Planner {
     }
 }
 
+/// The shipped deployment `name`, with one copy of each expert: the sweeps compare card
+/// counts and batches as the seed articles' setups had them, not `replicate_experts = "auto"`,
+/// which adds copies wherever they fit (12 and 16 cards for GPT-OSS-20B).
 fn load(name: &str) -> Result<Deployment> {
-    Deployment::load(&deployments().join(name)).with_context(|| name.to_string())
+    let mut d = Deployment::load(&deployments().join(name)).with_context(|| name.to_string())?;
+    d.cards.replicate_experts = ReplicateExperts::Never;
+    Ok(d)
 }
 
 fn seed_table(planner: &Planner) -> Result<()> {

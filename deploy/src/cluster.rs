@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corsair_ffn::assignment::{ExpertReplica, LayerShare};
+use corsair_ffn::compiler::{CompileOptions, StoredFormats};
 use corsair_ffn::service::{
     CardHost, CardHostConfig, CardSpan, CpuTurns, DataPlane, model_fingerprint,
 };
@@ -29,6 +30,7 @@ use model::{ModelConfig, ModelWeights};
 use proto::control::{HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor};
 
 use crate::error::{Error, Result};
+use crate::replication::{self, CardsToFit, ReplicateExperts, ReplicationChoice};
 use crate::watch::{HeartbeatError, WatchConfig, WatchedCard, watch_cards};
 
 /// Worker threads of the runtime that drives every JetStream endpoint of the process (QUIC
@@ -91,8 +93,8 @@ pub struct ClusterConfig {
     /// One extra copy of every expert, on the card after its primary (with two cards, both
     /// hold every expert): each step then spreads its experts evenly over the cards, so a
     /// token's experts are computed side by side, at the cost of the experts' memory twice.
-    /// Default false.
-    pub replicate_experts: bool,
+    /// Default auto: where the copies fit (see [`crate::replication`]).
+    pub replicate_experts: ReplicateExperts,
     /// Attention-node settings (KV cache, micro-batches, wire dtype, max tokens, ...).
     pub node: NodeConfig,
     /// Executor threads per card (0: every core).
@@ -107,10 +109,43 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
-    /// The replicas to place for `model`: [`Self::replicas`], plus every expert when
-    /// [`Self::replicate_experts`].
-    pub fn replicas_for(&self, model: &ModelConfig) -> Vec<ExpertReplica> {
-        ExpertReplica::placed(self.replicas.clone(), self.replicate_experts, model)
+    /// The replicas to place for `model`: [`Self::replicas`], plus every expert where
+    /// [`Self::replicate_experts`] decides so (`host_available`: this host's free memory,
+    /// where the cards keep their weights in it), with the reason.
+    pub fn replicas_for(
+        &self,
+        model: &ModelConfig,
+        host_available: Option<u64>,
+    ) -> Result<(Vec<ExpertReplica>, ReplicationChoice)> {
+        let path = self.model.join("config.json");
+        let text = std::fs::read_to_string(&path)
+            .map_err(Error::system(format!("cannot read {}", path.display())))?;
+        let stored =
+            StoredFormats::from_config_json(&text, model).map_err(|source| Error::Cards {
+                what: path.display().to_string(),
+                source: Box::new(source),
+            })?;
+        let options = CompileOptions {
+            format: self.weight_format,
+            max_tokens: self.node.max_tokens,
+            candidates: self.node.lm_head_candidates,
+            activations: self.activation_dtype,
+            ..CompileOptions::default()
+        };
+        let choice = replication::choose(
+            self.replicate_experts,
+            &CardsToFit {
+                model,
+                stored: &stored,
+                options: &options,
+                profile: &self.profile,
+                cards: self.cards,
+                listed: &self.replicas,
+                host_available,
+            },
+        );
+        let replicas = ExpertReplica::placed(self.replicas.clone(), choice.every_expert, model);
+        Ok((replicas, choice))
     }
 
     /// The checkpoint's weights as this deployment computes with them: the experts `experts`
@@ -148,7 +183,7 @@ impl ClusterConfig {
             allow_spill: false,
             huge_pages: true,
             replicas: Vec::new(),
-            replicate_experts: false,
+            replicate_experts: ReplicateExperts::Auto,
             // The cards share this host: while they wait for the node in a step of one
             // micro-batch, its attention may use every core.
             node: NodeConfig {
@@ -386,11 +421,14 @@ impl EmbeddedCluster {
             .map_err(Error::system("cannot start the I/O runtime"))?;
         let model = ModelConfig::from_file(&config.model.join("config.json"))?;
         let fingerprint = model_fingerprint(&config.model)?;
+        let (replicas, choice) =
+            config.replicas_for(&model, replication::host_available_memory())?;
+        tracing::info!(replicate_experts = choice.every_expert, "{}", choice.reason);
         let assignments = plan_placement(
             &model,
             &PlacementOptions {
                 cards: config.cards,
-                replicas: config.replicas_for(&model),
+                replicas,
             },
         )?;
         let ca = match config.transport {

@@ -17,6 +17,7 @@ pub mod launch;
 pub mod plan;
 pub mod process;
 pub mod remote;
+pub mod replication;
 pub mod shutdown;
 pub mod timeline;
 pub mod watch;

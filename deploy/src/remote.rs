@@ -120,11 +120,13 @@ pub fn connect_remote_node(
 ) -> Result<DisaggregatedNode> {
     let model = ModelConfig::from_file(&config.model.join("config.json"))?;
     let print = fingerprint(&config.model)?;
+    let (replicas, choice) = config.replicas_for(&model, None)?;
+    tracing::info!(replicate_experts = choice.every_expert, "{}", choice.reason);
     let assignments = plan_placement(
         &model,
         &PlacementOptions {
             cards: card_addresses.len(),
-            replicas: config.replicas_for(&model),
+            replicas,
         },
     )?;
     let identity = NodeIdentity::read_pem(certs, &attention_name(id))?;

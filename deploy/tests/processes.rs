@@ -56,7 +56,8 @@ fn attention_cmd(cards: &[u16], port: u16, certs: &Path, model: &Path) -> Comman
     .arg(model)
     .arg("--certs")
     .arg(certs)
-    .args(["--reply-timeout", "3"]);
+    // One copy of each expert: a dead card then takes some of them with it.
+    .args(["--reply-timeout", "3", "--replicate-experts", "false"]);
     cmd
 }
 

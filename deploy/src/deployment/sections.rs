@@ -161,8 +161,10 @@ pub struct CardsSection {
     pub replicas: Vec<ReplicaSpec>,
     /// One extra copy of every expert, on the card after its primary (with two cards, both
     /// hold every expert), so each step spreads its experts evenly over the cards; the
-    /// experts then take twice their memory. Default false.
-    pub replicate_experts: bool,
+    /// experts then take twice their memory. `auto` (default): where the copies fit in every
+    /// card's SRAM without spilling (and, for cards simulated on the host, in half of its
+    /// available memory); `true` or `false` to decide.
+    pub replicate_experts: crate::replication::ReplicateExperts,
     /// Let weights that do not fit in SRAM stream from LPDDR every step (slower) instead of
     /// refusing the deployment. Default false.
     pub allow_spill: bool,
@@ -200,7 +202,7 @@ impl Default for CardsSection {
             profile: "corsair".into(),
             placement: PlacementPolicy::Contiguous,
             replicas: Vec::new(),
-            replicate_experts: false,
+            replicate_experts: crate::replication::ReplicateExperts::Auto,
             allow_spill: false,
             card_threads: 1,
             cpu_mask: 0,

@@ -1,6 +1,7 @@
 use std::path::Path;
 
 use super::*;
+use crate::replication::ReplicateExperts;
 
 fn parse(text: &str) -> Result<Deployment> {
     Deployment::from_toml(text, Path::new("/deployments"))
@@ -123,7 +124,7 @@ fn cluster_config_carries_the_keys() {
         "[model]\nformat = \"mxint8\"\nactivation_dtype = \"bf16\"\nhuge_pages = false\n\
          [cards]\ncount = 3\n\
          allow_spill = true\n\
-         replicas = [{ expert = 1 }]\n[transport]\nkind = \"inproc\"\n\
+         replicas = [{ expert = 1 }]\nreplicate_experts = false\n[transport]\nkind = \"inproc\"\n\
          [attention]\nnodes = 2\nmax_num_seqs = 4\nmax_model_len = 100\nblock_size = 16\n\
          [overlap]\nmicro_batches = 1\n",
     )
@@ -137,10 +138,10 @@ fn cluster_config_carries_the_keys() {
     assert!(c.allow_spill);
     assert!(!c.huge_pages);
     assert_eq!(c.replicas.len(), 1);
-    assert!(!c.replicate_experts);
+    assert_eq!(c.replicate_experts, ReplicateExperts::Never);
     assert_eq!(c.node.micro_batches, gpu_attention::MicroBatches::One);
     let model = d.model_config().unwrap();
-    assert_eq!(c.replicas_for(&model), c.replicas);
+    assert_eq!(c.replicas_for(&model, None).unwrap().0, c.replicas);
     // 4 sequences of 100 tokens, rounded up to 16-token blocks.
     assert_eq!(
         c.node.kv.memory_bytes,
@@ -213,11 +214,12 @@ fn replicate_experts_adds_a_copy_of_every_expert_to_the_listed_replicas() {
     let d = parse("[cards]\ncount = 2\nreplicate_experts = true\nreplicas = [{ expert = 1 }]\n")
         .unwrap();
     let c = d.cluster_config().unwrap();
-    assert!(c.replicate_experts);
+    assert_eq!(c.replicate_experts, ReplicateExperts::Always);
     let model = d.model_config().unwrap();
     let experts = model.moe.map(|m| m.num_experts).unwrap_or(0);
     assert!(experts > 1);
-    let replicas = c.replicas_for(&model);
+    let (replicas, choice) = c.replicas_for(&model, None).unwrap();
+    assert!(choice.every_expert);
     assert_eq!(replicas.len(), 1 + experts);
     for e in 0..experts as u32 {
         assert!(

@@ -25,6 +25,7 @@ pub use system::{StepTime, System};
 
 use crate::deployment::{Deployment, is_path_like};
 use crate::error::{Error, Result};
+use crate::replication::{self, CardsToFit};
 
 /// Decode steps sampled over the output to average TPOT (the step time is piecewise linear
 /// in the context).
@@ -119,6 +120,12 @@ pub struct Plan {
     /// card; empty without cards).
     #[serde(default)]
     pub card_losses: Vec<CardLoss>,
+    /// Whether the cards hold a copy of every expert (`cards.replicate_experts`).
+    #[serde(default)]
+    pub experts_replicated: bool,
+    /// Why (or why not), in words; absent without cards.
+    #[serde(default)]
+    pub replication: Option<String>,
     /// Predictions (absent when a card's share does not compile).
     pub predicted: Option<Predicted>,
     /// Profile keys fitted on seed figures (`profile: key`).
@@ -221,6 +228,7 @@ pub fn plan(
     }
 
     // The cards.
+    let mut replicated = None;
     let (per_card, card_set, losses) = if whole_model {
         (Vec::new(), None, Vec::new())
     } else {
@@ -230,14 +238,24 @@ pub fn plan(
             allow_spill: d.cards.allow_spill,
             ..CompileOptions::default()
         };
+        let listed = d.cards.listed_replicas();
+        let choice = replication::choose(
+            d.cards.replicate_experts,
+            &CardsToFit {
+                model: config,
+                stored,
+                options: &options,
+                profile: &profiles.card,
+                cards: d.cards.count,
+                listed: &listed,
+                host_available: None,
+            },
+        );
         let placement = PlacementOptions {
             cards: d.cards.count,
-            replicas: ExpertReplica::placed(
-                d.cards.listed_replicas(),
-                d.cards.replicate_experts,
-                config,
-            ),
+            replicas: ExpertReplica::placed(listed, choice.every_expert, config),
         };
+        replicated = Some(choice);
         let compiled = compile_deployment(config, stored, &placement, &options, &profiles.card)
             .map_err(|source| Error::Cards {
                 what: "placing the model on the cards".into(),
@@ -305,6 +323,8 @@ pub fn plan(
         attention,
         per_card,
         card_losses: losses,
+        experts_replicated: replicated.as_ref().is_some_and(|c| c.every_expert),
+        replication: replicated.map(|c| c.reason),
         predicted,
         calibrated,
         assumed,

@@ -75,6 +75,14 @@ impl fmt::Display for Plan {
             if let Some(c) = self.per_card.first() {
                 writeln!(f, "  card 0 holds {}", c.share)?;
             }
+            if let Some(why) = &self.replication {
+                let copies = if self.experts_replicated {
+                    "a copy of every expert on the next card"
+                } else {
+                    "one copy of each expert"
+                };
+                writeln!(f, "  {copies} ({why})")?;
+            }
             let survived: Vec<String> = self
                 .card_losses
                 .iter()

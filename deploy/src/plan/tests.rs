@@ -66,6 +66,39 @@ fn larger_batches_raise_throughput() {
 }
 
 #[test]
+fn experts_are_replicated_by_default_where_the_copies_fit_in_sram() {
+    // The tiny shape on 2 cards: both hold every expert, so either card may go.
+    let tiny = plan_text(&format!("{TINY}[cards]\ncount = 2\n"));
+    assert!(tiny.experts_replicated, "{:?}", tiny.replication);
+    assert!(tiny.card_losses.iter().all(|l| l.survived));
+    assert!(tiny.to_string().contains("a copy of every expert"));
+    // GPT-OSS-20B: 8 cards hold one copy (about 1.5 GB of experts each in 2 GiB of SRAM), not
+    // two; 16 hold two, without spilling.
+    let twenty = |cards: usize| {
+        plan_text(&format!(
+            "[model]\nshape = \"gpt-oss-20b\"\n[cards]\ncount = {cards}\n"
+        ))
+    };
+    let eight = twenty(8);
+    assert!(eight.fits, "{:?}", eight.problems);
+    assert!(!eight.experts_replicated);
+    assert!(
+        eight.replication.as_deref().unwrap().contains("SRAM"),
+        "{:?}",
+        eight.replication
+    );
+    let sixteen = twenty(16);
+    assert!(sixteen.fits, "{:?}", sixteen.problems);
+    assert!(sixteen.experts_replicated, "{:?}", sixteen.replication);
+    assert!(sixteen.per_card.iter().all(|c| c.spilled_bytes == 0));
+    // Asked for, the copies that do not fit fail the plan instead.
+    let forced = plan_text(
+        "[model]\nshape = \"gpt-oss-20b\"\n[cards]\ncount = 8\nreplicate_experts = true\n",
+    );
+    assert!(!forced.fits);
+}
+
+#[test]
 fn an_attention_device_too_small_is_reported() {
     let p = plan_text(
         "[model]\nshape = \"gpt-oss-20b\"\n[cards]\ncount = 8\n\
@@ -198,7 +231,9 @@ mod properties {
 
 #[test]
 fn the_plan_says_which_card_losses_a_placement_survives() {
-    let plain = plan_text(&format!("{TINY}[cards]\ncount = 2\n"));
+    let plain = plan_text(&format!(
+        "{TINY}[cards]\ncount = 2\nreplicate_experts = false\n"
+    ));
     assert_eq!(plain.card_losses.len(), 2);
     assert!(plain.card_losses.iter().all(|l| !l.survived));
     assert!(
@@ -223,7 +258,7 @@ fn the_plan_says_which_card_losses_a_placement_survives() {
         .map(|e| format!("{{ expert = {e} }}"))
         .collect();
     let replicated = plan_text(&format!(
-        "{TINY}[cards]\ncount = 2\nreplicas = [{}]\n",
+        "{TINY}[cards]\ncount = 2\nreplicate_experts = false\nreplicas = [{}]\n",
         all.join(", ")
     ));
     assert!(replicated.card_losses.iter().all(|l| l.survived));
@@ -237,7 +272,7 @@ fn the_plan_says_which_card_losses_a_placement_survives() {
         .map(|e| format!("{{ expert = {e} }}"))
         .collect();
     let half = plan_text(&format!(
-        "{TINY}[cards]\ncount = 2\nreplicas = [{}]\n",
+        "{TINY}[cards]\ncount = 2\nreplicate_experts = false\nreplicas = [{}]\n",
         half.join(", ")
     ));
     let survived: Vec<bool> = half.card_losses.iter().map(|l| l.survived).collect();

@@ -39,7 +39,8 @@ pub struct Options {
     pub model: PathBuf,
     /// Cards.
     pub cards: usize,
-    /// Replicate every expert on a second card (`[cards] replicas`).
+    /// Replicate every expert on a second card (`[cards] replicas`); otherwise one copy
+    /// each (`replicate_experts = false`, not the size-dependent default).
     pub replicate_all: bool,
     /// Experts per MoE layer (for the replica list).
     pub experts: usize,
@@ -90,7 +91,8 @@ impl Cluster {
         std::fs::write(
             &file,
             format!(
-                "[model]\npath = {:?}\n[cards]\ncount = {}\nreplicas = [{}]\n[attention]\n\
+                "[model]\npath = {:?}\n[cards]\ncount = {}\nreplicas = [{}]\n\
+                 replicate_experts = false\n[attention]\n\
                  reply_timeout_s = {}\nmax_num_seqs = 16\nmax_model_len = 512\n",
                 opts.model.display().to_string(),
                 opts.cards,

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use corsair_ffn::FormatChoice;
 use deploy::cluster::{ClusterConfig, TransportKind};
+use deploy::replication::ReplicateExperts;
 use gpu_attention::kv_cache::KvCacheConfig;
 use gpu_attention::{AttentionDevice, MicroBatches};
 use model::kernels::ActivationDtype;
@@ -27,12 +28,6 @@ pub struct ClusterArgs {
     /// is enough work: weights times tokens at least 4 M a layer).
     #[arg(long, default_value_t = 0)]
     pub attention_threads: usize,
-    /// One extra copy of every expert, on the card after its primary (with 2 cards, both hold
-    /// every expert): each step spreads its experts evenly over the cards, so one token's
-    /// experts are computed side by side; the experts take twice their memory.
-    /// Deployment-file key: `cards.replicate_experts`.
-    #[arg(long)]
-    pub replicate_experts: bool,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -63,6 +58,14 @@ pub struct NodeArgs {
     /// Let expert weights that do not fit in SRAM stream from LPDDR (modeled cost).
     #[arg(long)]
     pub allow_spill: bool,
+    /// One extra copy of every expert, on the card after its primary (with 2 cards, both hold
+    /// every expert): each step spreads its experts evenly over the cards, so one token's
+    /// experts are computed side by side; the experts take twice their memory. auto: where
+    /// the copies fit in every card's SRAM without spilling and in half of this host's
+    /// available memory; true (also the bare flag) or false to decide.
+    /// Deployment-file key: `cards.replicate_experts`.
+    #[arg(long, default_value = "auto", num_args = 0..=1, default_missing_value = "true")]
+    pub replicate_experts: ReplicateExperts,
     /// Keep the attention node's weights in the memory-mapped checkpoint (4 KB page-cache
     /// pages) instead of copying them into transparent huge pages at load, which its CPU
     /// kernels stream faster. Deployment-file key: `model.huge_pages = false`.
@@ -95,7 +98,6 @@ impl ClusterArgs {
         let mut c = self.node.config(model, self.cards);
         c.transport = self.transport;
         c.card_threads = self.card_threads;
-        c.replicate_experts = self.replicate_experts;
         // A width the user fixed holds in every step.
         if self.attention_threads > 0 {
             c.node.solo_threads = self.attention_threads;
@@ -125,6 +127,7 @@ impl NodeArgs {
         c.weight_format = self.format;
         c.activation_dtype = self.activation_dtype;
         c.allow_spill = self.allow_spill;
+        c.replicate_experts = self.replicate_experts;
         c.huge_pages = !self.no_huge_pages;
         c.node.reply_timeout = std::time::Duration::from_secs_f64(self.reply_timeout.max(0.001));
         c.node.micro_batches = self.micro_batches;

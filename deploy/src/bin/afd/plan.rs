@@ -38,6 +38,9 @@ pub struct PlanArgs {
     /// Override `cards.allow_spill`.
     #[arg(long)]
     allow_spill: Option<bool>,
+    /// Override `cards.replicate_experts` (auto, true or false).
+    #[arg(long)]
+    replicate_experts: Option<deploy::replication::ReplicateExperts>,
     /// Override `overlap.micro_batches` (1, 2 or auto).
     #[arg(long)]
     micro_batches: Option<MicroBatches>,
@@ -74,6 +77,9 @@ impl PlanArgs {
         }
         if let Some(s) = self.allow_spill {
             d.cards.allow_spill = s;
+        }
+        if let Some(r) = self.replicate_experts {
+            d.cards.replicate_experts = r;
         }
         if let Some(m) = self.micro_batches {
             d.overlap.micro_batches = MicroBatchSetting(m);
