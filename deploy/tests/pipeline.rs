@@ -113,6 +113,40 @@ fn a_sequence_gets_the_same_tokens_alone_and_in_a_batch_of_eight() {
 }
 
 #[test]
+fn with_every_expert_copied_a_top2_token_rounds_the_same_alone_and_in_a_batch() {
+    // Mixtral's fixture routes each token to 2 of 4 experts; on 2 cards that both hold every
+    // expert, which card computes which expert depends on the batch. The two weighted outputs
+    // are added once, from zero, in either order: the logprobs must be the same bits.
+    let dir = fixture("mixtral");
+    let run = |prompts: &[Vec<u32>]| {
+        let mut config = config(&dir, 2, TransportKind::Inproc);
+        config.replicate_experts = deploy::replication::ReplicateExperts::Always;
+        let mut c = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
+        let mut node = c.take_nodes().remove(0);
+        let requests: Vec<GenerationRequest> = prompts
+            .iter()
+            .map(|p| GenerationRequest {
+                prompt: p.clone(),
+                max_tokens: 8,
+                sampling: SamplingParams::greedy(),
+                stop_token_ids: vec![],
+            })
+            .collect();
+        driver::generate(&mut node, &requests, 0).unwrap()
+    };
+    let prompts = eight_prompts();
+    let batched = run(&prompts);
+    for i in [0, 5] {
+        let alone = run(std::slice::from_ref(&prompts[i])).remove(0);
+        assert_eq!(alone.output_ids, batched[i].output_ids, "sequence {i}");
+        let bits = |g: &model::generate::Generation| -> Vec<u32> {
+            g.logprobs.iter().map(|l| l.to_bits()).collect()
+        };
+        assert_eq!(bits(&alone), bits(&batched[i]), "sequence {i}");
+    }
+}
+
+#[test]
 fn seeded_sampling_gives_the_same_tokens_for_every_card_count() {
     for name in ["gpt-oss-mxfp4", "qwen3-moe"] {
         let dir = fixture(name);

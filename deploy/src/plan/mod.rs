@@ -228,9 +228,8 @@ pub fn plan(
     }
 
     // The cards.
-    let mut replicated = None;
-    let (per_card, card_set, losses) = if whole_model {
-        (Vec::new(), None, Vec::new())
+    let (per_card, card_set, losses, replicated) = if whole_model {
+        (Vec::new(), None, Vec::new(), None)
     } else {
         let options = CompileOptions {
             format: d.model.format,
@@ -255,7 +254,6 @@ pub fn plan(
             cards: d.cards.count,
             replicas: ExpertReplica::placed(listed, choice.every_expert, config),
         };
-        replicated = Some(choice);
         let compiled = compile_deployment(config, stored, &placement, &options, &profiles.card)
             .map_err(|source| Error::Cards {
                 what: "placing the model on the cards".into(),
@@ -281,7 +279,7 @@ pub fn plan(
             }
         }
         let set = (programs.len() == d.cards.count).then(|| CardSet::new(programs));
-        (per_card, set, losses)
+        (per_card, set, losses, Some(choice))
     };
 
     let predicted = (whole_model || card_set.is_some()).then(|| {
