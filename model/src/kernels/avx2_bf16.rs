@@ -294,7 +294,7 @@ unsafe fn sub<const F: u8, const RR: usize, const TT: usize, const PREFETCH: boo
     acc: &mut [[[__m256; 2]; TT]; RR],
 ) -> Option<u32> {
     let (data, scales) = (w.data.as_ptr(), w.scales.as_ptr());
-    let xs: [*const __m256; TT] = std::array::from_fn(|t| inputs.at(t0 + t, 0));
+    let xs: [*const f32; TT] = std::array::from_fn(|t| inputs.at(t0 + t, 0));
     let mut smallest = _mm256_set1_epi8(-1);
     let mut smallest_scale = u8::MAX;
     // SAFETY (`row`): block b of every row is inside `data` (checked by the caller); the scale
@@ -321,7 +321,7 @@ unsafe fn sub<const F: u8, const RR: usize, const TT: usize, const PREFETCH: boo
             for (i, b) in segment.clone().enumerate() {
                 let d = row!(r, b);
                 // SAFETY: `inputs` holds the segment's blocks of every input.
-                unsafe { add_terms::<Fused>(&mut acc[0], &d, xs[0].add(i * 4)) };
+                unsafe { add_terms::<Fused>(&mut acc[0], &d, xs[0].add(i * BLOCK)) };
             }
         }
     } else {
@@ -338,7 +338,7 @@ unsafe fn sub<const F: u8, const RR: usize, const TT: usize, const PREFETCH: boo
                 let d = row!(r, b);
                 for (t, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: as above.
-                    unsafe { add_terms::<Fused>(acc, &d, xs[t].add(i * 4)) };
+                    unsafe { add_terms::<Fused>(acc, &d, xs[t].add(i * BLOCK)) };
                 }
             }
         }
