@@ -4,8 +4,9 @@
 //!
 //! With 16 registers instead of AVX-512's 32, a register block of the shared grid is cut into
 //! sub-blocks of at most four row x input products (eight accumulators), and the inputs come
-//! from memory: each call first lays its inputs out block by block as the multiply-adds read
-//! them ([`InputVectors`]), which is also where the MXFP4 row pairs' lane order is applied.
+//! from memory: the multiply-adds read each block's 32 values where they are in the input,
+//! except that the MXFP4 row pairs' lane order ([`Layout::Split`]) first lays the inputs out
+//! block by block in that order ([`InputVectors`]).
 //!
 //! MXFP4 is decoded by byte lookups: every FP4 value times an E8M0 scale is a bf16 value
 //! widened to f32 (its low 16 bits are zero), so two `vpshufb` find the high two bytes of 32
