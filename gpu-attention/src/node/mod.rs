@@ -79,8 +79,8 @@ pub struct NodeConfig {
     /// for this node and it waits for them in turn (0: the process's pool, as in every other
     /// step). Where the cards share this node's host, their cores are idle while it computes,
     /// so such a step may use them all; with two micro-batches the node computes beside the
-    /// cards and keeps to its own share. Steps whose attention is little work (under 4 M
-    /// weights times tokens a layer: a medium Mixtral's single decode token) keep to the
+    /// cards and keeps to its own share. Steps whose attention is little work (under 1 M
+    /// weights times tokens a layer: a small model's single decode token) keep to the
     /// process's pool: handing so little over costs more than it gains.
     pub solo_threads: usize,
 }
@@ -339,12 +339,15 @@ impl DisaggregatedNode {
 }
 
 /// Work (weights times tokens) a layer's attention must have for a step to hand it to the solo
-/// pool. Below this the hand-over, twice a layer, costs more than the second core saves:
-/// measured on 2 cores, GPT-OSS-20B at one token (26.5 M weights a layer) went from 129 to 116
-/// ms a step, a medium Mixtral at one token (1.6 M) from 8.2-8.4 to 8.6 ms, and the same
-/// Mixtral at 16 tokens spent 3.7, 3.7 and 5.0 ms a step in attention (three runs) instead of
-/// 5.0-5.3.
-const SOLO_MIN_LAYER_WORK: usize = 4 << 20;
+/// pool. Below this the hand-over, twice a layer, costs more than the second core saves.
+/// Measured on 2 cores: GPT-OSS-20B at one token (26.5 M weights a layer) went from 129 to 116
+/// ms a step, and a medium Mixtral at 16 tokens spent 3.7, 3.7 and 5.0 ms a step in attention
+/// (three runs) instead of 5.0-5.3. The same Mixtral at one token (1.5 M) first went from
+/// 8.2-8.4 to 8.6 ms (a Zen 4 VM, 4 M here); once the AVX2 kernels read their inputs in place,
+/// on a Zen 3 VM, `afd serve --cards 2` at c=1 took 13.5 ms a token (median TPOT, four rounds
+/// alternated) against 14.4 with the attention on one core, and its attention 0.24-0.26 against
+/// 0.30-0.34 ms a layer in `afd generate` traces.
+const SOLO_MIN_LAYER_WORK: usize = 1 << 20;
 
 /// Weights of one layer's q, k, v and o projections.
 fn attention_weights(config: &ModelConfig) -> usize {

@@ -25,7 +25,7 @@ pub struct ClusterArgs {
     pub card_threads: usize,
     /// Compute threads of the attention nodes (0: the cores the cards leave free, at least 1;
     /// in steps of one micro-batch, while the cards wait, every core when the step's attention
-    /// is enough work: weights times tokens at least 4 M a layer).
+    /// is enough work: weights times tokens at least 1 M a layer).
     #[arg(long, default_value_t = 0)]
     pub attention_threads: usize,
     #[command(flatten)]
