@@ -4,21 +4,23 @@
 //!
 //! With 16 registers instead of AVX-512's 32, a register block of the shared grid is cut into
 //! sub-blocks of at most four row x input products (eight accumulators), and the inputs come
-//! from memory: the multiply-adds read each block's 32 values where they are in the input,
-//! except that the MXFP4 row pairs' lane order ([`Layout::Split`]) first lays the inputs out
-//! block by block in that order ([`InputVectors`]).
+//! from memory: the multiply-adds of f32 inputs read each block's 32 values where they are in
+//! the input; the bf16 path (`avx2_bf16`) widens its inputs into [`InputVectors`] first.
 //!
 //! MXFP4 is decoded by byte lookups: every FP4 value times an E8M0 scale is a bf16 value
 //! widened to f32 (its low 16 bits are zero), so two `vpshufb` find the high two bytes of 32
 //! values in two 16-entry tables of the block's scale ([`Fp4Bytes`]). Interleaving those bytes
 //! gives the 32 values as bf16 words; a row pair's words come out in the order of
-//! [`Layout::Split`], which the inputs and the fold follow.
+//! [`Layout::Split`]. The f32 path puts them back in order with two cross-lane permutes a
+//! block (GPT-OSS-20B's expert with f32 inputs, one thread: 1.3-1.8x faster from 2 tokens on
+//! than laying every register block's inputs out in that order, 5-10% at one token); the bf16
+//! path lays its inputs out in it, as it widens them anyway.
 
 use super::x86::{
     BF16, F16, F32, MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, MXINT8, data_at, prefetch,
     second_of_pair,
 };
-use super::{BLOCK, BlockFormat, BlockRows, LANES, Reduction, Sink, SumOrder};
+use super::{BLOCK, BlockFormat, BlockRows, Reduction, Sink, SumOrder};
 use crate::mxfp4;
 use std::arch::x86_64::*;
 
@@ -97,7 +99,8 @@ pub(super) enum Layout {
     Split,
 }
 
-/// The layout format `F`'s blocks decode to, in lane pairs (`pairs`) or halves.
+/// The layout format `F`'s blocks decode to in the bf16 path (`avx2_bf16`), in lane pairs
+/// (`pairs`) or halves; this path's [`decode`] gives every format in the natural layout.
 pub(super) const fn layout<const F: u8>(pairs: bool) -> Layout {
     if pairs && matches!(F, MXFP4_PAIRS | MXFP4_PAIRS_SECOND) {
         Layout::Split
@@ -137,15 +140,6 @@ impl InputVectors {
     #[inline(always)]
     pub fn push(&mut self, block: [__m256; 4]) {
         self.vectors.extend_from_slice(&block);
-    }
-
-    /// Appends a half block: its two registers, then two of zeros.
-    #[inline(always)]
-    pub fn push_half(&mut self, half: [__m256; 2]) {
-        // SAFETY: all-zero bits are eight zeros.
-        let zero: __m256 = unsafe { std::mem::zeroed() };
-        self.vectors
-            .extend_from_slice(&[half[0], half[1], zero, zero]);
     }
 
     /// Where block `b` of input `t` starts: a block's 32 floats, then the next block's, as
@@ -303,8 +297,8 @@ pub(super) fn row_pairs(words: [__m256i; 2]) -> ([__m256; 2], [__m256; 2]) {
 }
 
 /// The two halves of a block of format `F` at `data`, or its lane pairs when `pairs` (bf16,
-/// f16, MXFP4), in the layout [`layout`] gives; a row pair's block gives its first row's values,
-/// or its second's when `second`.
+/// f16, MXFP4), in the natural layout; a row pair's block gives its first row's values, or its
+/// second's when `second`.
 ///
 /// # Safety
 /// The block's bytes (and its scale byte, for MX formats) must be readable; the CPU must have
@@ -326,9 +320,15 @@ unsafe fn decode<const F: u8>(
             MXFP4_PAIRS | MXFP4_PAIRS_SECOND => {
                 let w = lookup(pair_nibbles(data, second), scale, tables);
                 if pairs {
+                    // The words of elements 0-7 | 16-23 and 8-15 | 24-31, put back in order
+                    // (elements 0-15, 16-31), so the lanes take the natural layout.
+                    let (a, b) = (
+                        _mm256_permute2x128_si256::<0x20>(w[0], w[1]),
+                        _mm256_permute2x128_si256::<0x31>(w[0], w[1]),
+                    );
                     Block {
-                        first: [even_of_pairs(w[0]), even_of_pairs(w[1])],
-                        second: [odd_of_pairs(w[0]), odd_of_pairs(w[1])],
+                        first: [even_of_pairs(a), even_of_pairs(b)],
+                        second: [odd_of_pairs(a), odd_of_pairs(b)],
                     }
                 } else {
                     // Words of elements 0-7 | 16-23 and 8-15 | 24-31.
@@ -487,25 +487,6 @@ pub(super) unsafe fn add_terms<O: SumOrder>(acc: &mut [__m256; 2], d: &Block, x:
     }
 }
 
-/// 16 f32 lanes at `p` as two registers in `layout`.
-///
-/// # Safety
-/// 16 floats at `p` must be readable; AVX must be available.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn lanes_at(p: *const f32, layout: Layout) -> [__m256; 2] {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        match layout {
-            Layout::Natural => [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))],
-            Layout::Split => [
-                _mm256_loadu2_m128(p.add(8), p),
-                _mm256_loadu2_m128(p.add(12), p.add(4)),
-            ],
-        }
-    }
-}
-
 /// Rows per sub-block for `T` inputs: at most four row x input products, eight accumulators,
 /// and for one input two rows, whose inputs the compiler keeps in four registers.
 pub(super) const fn sub_rows(tokens: usize) -> usize {
@@ -589,41 +570,15 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
     mut emit: impl Sink<R, T>,
 ) {
     let pairs = O::PAIRED && matches!(F, BF16 | F16 | MXFP4 | MXFP4_PAIRS | MXFP4_PAIRS_SECOND);
-    let layout = layout::<F>(pairs);
     let blocks = &reduction.blocks;
     let half = reduction.half && matches!(F, F32 | BF16 | F16);
-    // In the natural layout the multiply-adds read each block's 32 values where they are in
-    // the input. In the split one the inputs are first laid out block by block from
-    // `blocks.start`, with the half block after the last. (Laying out every layout's inputs,
-    // for every register block, took a third of a batched decode step's kernel time: medium
-    // Mixtral, 16 sequences, 2 cards.)
-    let split = layout == Layout::Split;
-    let laid = if split { T } else { 0 };
-    let mut inputs = InputVectors::take(laid, blocks.len() + usize::from(half));
-    for x in &x[..laid] {
-        for i in 0..blocks.len() {
-            let p = x[(blocks.start + i) * BLOCK..].as_ptr();
-            // SAFETY: each input holds blocks.end whole blocks (checked by the caller).
-            let (a, b) = unsafe { (lanes_at(p, layout), lanes_at(p.add(LANES), layout)) };
-            inputs.push([a[0], a[1], b[0], b[1]]);
-        }
-        if half {
-            // SAFETY: the input holds the first half of block `end` (checked by the caller).
-            let a = unsafe { lanes_at(x[blocks.end * BLOCK..].as_ptr(), layout) };
-            inputs.push_half(a);
-        }
-    }
-    // Where each input's block `blocks.start` starts.
-    let starts: [*const f32; T] = std::array::from_fn(|t| {
-        if split {
-            inputs.at(t, 0)
-        } else {
-            x[t][blocks.start * BLOCK..].as_ptr()
-        }
-    });
+    // Every format decodes to the natural layout here, so the multiply-adds read each block's
+    // 32 values where they are in the input. (Laying every register block's inputs out first
+    // took a third of a batched decode step's kernel time: medium Mixtral, 16 sequences, 2
+    // cards.)
+    let starts: [*const f32; T] = std::array::from_fn(|t| x[t][blocks.start * BLOCK..].as_ptr());
     let shape = Shape {
         pairs,
-        layout,
         half,
         steps: w.prefetch_steps(blocks.end).unwrap_or((0, 0)),
         rows_first: w.rows_first::<T>(),
@@ -664,7 +619,6 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
 /// What a call's sub-blocks share.
 struct Shape {
     pairs: bool,
-    layout: Layout,
     /// Whether the reduction's half block is added (dense formats only).
     half: bool,
     /// The whole register block's prefetch steps (`BlockRows::prefetch_steps`).
@@ -748,7 +702,7 @@ unsafe fn sub<O: SumOrder, const F: u8, const RR: usize, const TT: usize, const 
             }
         }
     }
-    fold_block(&acc, shape.layout)
+    fold_block(&acc, Layout::Natural)
 }
 
 /// The first 16 values of a dense block at `data`, in the natural layout.
