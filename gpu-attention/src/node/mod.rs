@@ -344,9 +344,9 @@ impl DisaggregatedNode {
 /// ms a step, and a medium Mixtral at 16 tokens spent 3.7, 3.7 and 5.0 ms a step in attention
 /// (three runs) instead of 5.0-5.3. The same Mixtral at one token (1.5 M) first went from
 /// 8.2-8.4 to 8.6 ms (a Zen 4 VM, 4 M here); once the AVX2 kernels read their inputs in place,
-/// on a Zen 3 VM, `afd serve --cards 2` at c=1 took 13.5 ms a token (median TPOT, four rounds
-/// alternated) against 14.4 with the attention on one core, and its attention 0.24-0.26 against
-/// 0.30-0.34 ms a layer in `afd generate` traces.
+/// on a Zen 3 VM, `afd serve --cards 2` at c=1 had a median TPOT of 12.7-14.7 ms a token (four
+/// rounds, alternated; 13.5 on average) against 14.0-15.0 (14.4) with the attention on one
+/// core, and its attention took 0.24-0.26 against 0.30-0.34 ms a layer in `afd generate` traces.
 const SOLO_MIN_LAYER_WORK: usize = 1 << 20;
 
 /// Weights of one layer's q, k, v and o projections.

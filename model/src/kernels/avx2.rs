@@ -5,15 +5,15 @@
 //! With 16 registers instead of AVX-512's 32, a register block of the shared grid is cut into
 //! sub-blocks of at most four row x input products (eight accumulators), and the inputs come
 //! from memory: the multiply-adds of f32 inputs read each block's 32 values where they are in
-//! the input; the bf16 path (`avx2_bf16`) widens its inputs into [`InputVectors`] first.
+//! the input; the bf16 path (`avx2_bf16`) widens its inputs into a buffer first.
 //!
 //! MXFP4 is decoded by byte lookups: every FP4 value times an E8M0 scale is a bf16 value
 //! widened to f32 (its low 16 bits are zero), so two `vpshufb` find the high two bytes of 32
 //! values in two 16-entry tables of the block's scale ([`Fp4Bytes`]). Interleaving those bytes
 //! gives the 32 values as bf16 words; a row pair's words come out in the order of
 //! [`Layout::Split`]. The f32 path puts them back in order with two cross-lane permutes a
-//! block (GPT-OSS-20B's expert with f32 inputs, one thread: 1.3-1.8x faster from 2 tokens on
-//! than laying every register block's inputs out in that order, 5-10% at one token); the bf16
+//! block (GPT-OSS-20B's expert with f32 inputs, one thread: 1.3-1.9x faster from 2 tokens on
+//! than laying every register block's inputs out in that order, 4-10% at one token); the bf16
 //! path lays its inputs out in it, as it widens them anyway.
 
 use super::x86::{
@@ -115,54 +115,6 @@ pub(super) const fn layout<const F: u8>(pairs: bool) -> Layout {
 pub(super) struct Block {
     pub first: [__m256; 2],
     pub second: [__m256; 2],
-}
-
-/// Four registers per block and input, in the order the multiply-adds take them: the first
-/// term's two registers, then the second's; inputs `[t][b]` at `((t * blocks) + b) * 4`.
-pub(super) struct InputVectors {
-    vectors: Vec<__m256>,
-    /// Blocks per input (whole blocks plus a half block where the reduction has one).
-    blocks: usize,
-}
-
-impl InputVectors {
-    /// Room for `tokens` inputs of `blocks` blocks, reusing this thread's buffer; the caller
-    /// then [`Self::push`]es every block of input 0, then of input 1, ... (written once, not
-    /// zeroed first: zeroing cost a few percent of a card's decode step).
-    pub fn take(tokens: usize, blocks: usize) -> Self {
-        let mut vectors = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-        vectors.clear();
-        vectors.reserve(tokens * blocks * 4);
-        InputVectors { vectors, blocks }
-    }
-
-    /// Appends the next block's four registers.
-    #[inline(always)]
-    pub fn push(&mut self, block: [__m256; 4]) {
-        self.vectors.extend_from_slice(&block);
-    }
-
-    /// Where block `b` of input `t` starts: a block's 32 floats, then the next block's, as
-    /// [`add_terms`] reads them.
-    #[inline(always)]
-    pub fn at(&self, t: usize, b: usize) -> *const f32 {
-        // The kernels read all of input t's blocks from here: every one must have been pushed.
-        assert!((t + 1) * self.blocks * 4 <= self.vectors.len());
-        self.vectors[(t * self.blocks + b) * 4..].as_ptr().cast()
-    }
-}
-
-impl Drop for InputVectors {
-    fn drop(&mut self) {
-        let vectors = std::mem::take(&mut self.vectors);
-        // A thread being torn down has no buffer to give back to.
-        let _ = SCRATCH.try_with(|s| *s.borrow_mut() = vectors);
-    }
-}
-
-thread_local! {
-    /// Each thread's input buffer, kept between calls.
-    static SCRATCH: std::cell::RefCell<Vec<__m256>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// See [`super::block_sums`].
@@ -471,7 +423,7 @@ pub(super) fn fold_block<const RR: usize, const TT: usize>(
 
 /// A decoded block's terms added to one input's accumulators, the first vector's before the
 /// second's in each lane (`x`: the input's 32 values for the block as four registers, straight
-/// from the input or from [`InputVectors`]).
+/// from the input or from the bf16 path's widened copy).
 ///
 /// # Safety
 /// 32 floats at `x` must be readable; AVX2 and FMA must be available.

@@ -13,13 +13,61 @@
 //! portable definition.
 
 use super::avx2::{
-    Block, Fp4Bytes, InputVectors, Layout, add_terms, even_of_pairs, fold_block, layout, lookup,
-    odd_of_pairs, pair_nibbles, row_nibbles, row_pairs, sub_blocks, sub_rows_for,
+    Block, Fp4Bytes, Layout, add_terms, even_of_pairs, fold_block, layout, lookup, odd_of_pairs,
+    pair_nibbles, row_nibbles, row_pairs, sub_blocks, sub_rows_for,
 };
 use super::bf16::portable_segment;
 use super::x86::{BF16, MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, data_at, prefetch, second_of_pair};
 use super::{BLOCK, BlockFormat, BlockRows, Paired as Fused, Reduction, Sink};
 use std::arch::x86_64::*;
+
+/// Four registers per block and input, in the order the multiply-adds take them: the first
+/// term's two registers, then the second's; inputs `[t][b]` at `((t * blocks) + b) * 4`.
+struct InputVectors {
+    vectors: Vec<__m256>,
+    /// Blocks per input.
+    blocks: usize,
+}
+
+impl InputVectors {
+    /// Room for `tokens` inputs of `blocks` blocks, reusing this thread's buffer; the caller
+    /// then [`Self::push`]es every block of input 0, then of input 1, ... (written once, not
+    /// zeroed first: zeroing cost a few percent of a card's decode step).
+    fn take(tokens: usize, blocks: usize) -> Self {
+        let mut vectors = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        vectors.clear();
+        vectors.reserve(tokens * blocks * 4);
+        InputVectors { vectors, blocks }
+    }
+
+    /// Appends the next block's four registers.
+    #[inline(always)]
+    fn push(&mut self, block: [__m256; 4]) {
+        self.vectors.extend_from_slice(&block);
+    }
+
+    /// Where block `b` of input `t` starts: a block's 32 floats, then the next block's, as
+    /// `add_terms` reads them.
+    #[inline(always)]
+    fn at(&self, t: usize, b: usize) -> *const f32 {
+        // The kernels read all of input t's blocks from here: every one must have been pushed.
+        assert!((t + 1) * self.blocks * 4 <= self.vectors.len());
+        self.vectors[(t * self.blocks + b) * 4..].as_ptr().cast()
+    }
+}
+
+impl Drop for InputVectors {
+    fn drop(&mut self) {
+        let vectors = std::mem::take(&mut self.vectors);
+        // A thread being torn down has no buffer to give back to.
+        let _ = SCRATCH.try_with(|s| *s.borrow_mut() = vectors);
+    }
+}
+
+thread_local! {
+    /// Each thread's input buffer, kept between calls.
+    static SCRATCH: std::cell::RefCell<Vec<__m256>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// The smallest biased exponent the smallest nonzero input and weight magnitudes of a segment
 /// may add up to for the fused multiply-adds to be exact ([`segment_is_plain`]): products of at
