@@ -190,6 +190,53 @@ fn batched_decode_on_two_threads_gives_the_bits_of_each_sequence_alone() {
     }
 }
 
+/// One sequence with a long history decodes on 2 threads with each row's key/value heads
+/// split over them (the split starts at 32 K key floats: 1,024 positions of the tiny
+/// checkpoints' 2 x 16) and gets the bits it gets on one thread, sliding-window layers
+/// included.
+#[test]
+fn one_long_sequence_split_by_heads_over_two_threads_gives_the_one_thread_bits() {
+    let pool = |n| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (pool(1), pool(2));
+    for family in [Family::GptOss, Family::Mixtral] {
+        let dir = tempfile::tempdir().unwrap();
+        synth(dir.path(), family, None);
+        let decode = || -> Vec<Vec<f32>> {
+            let mut m = ReferenceModel::new(ModelWeights::load(dir.path()).unwrap()).unwrap();
+            let prompt: Vec<u32> = (0..1100u32).map(|i| (i * 37 + 5) % 300).collect();
+            m.forward(
+                &[SeqChunk {
+                    seq: 3,
+                    tokens: prompt,
+                }],
+                LogitsFor::LastToken,
+            )
+            .unwrap();
+            (0..3u32)
+                .map(|s| {
+                    let step = SeqChunk {
+                        seq: 3,
+                        tokens: vec![s * 11 + 2],
+                    };
+                    m.forward(&[step], LogitsFor::LastToken).unwrap().remove(0)
+                })
+                .collect()
+        };
+        let alone = one.install(decode);
+        let split = two.install(decode);
+        assert!(alone.iter().flatten().all(|v| v.is_finite()));
+        assert_eq!(
+            alone, split,
+            "{family}: a long sequence's bits changed when split"
+        );
+    }
+}
+
 #[test]
 fn sharded_checkpoint_equals_single_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -18,6 +18,8 @@
 //! `exp_nonpositive` (libm's `expf` has no vector twin with the same bits) and sums them the
 //! way the dot products sum lanes. Neither build uses fused multiply-adds.
 
+use std::ops::Range;
+
 use super::kv_cache::KvRun;
 use crate::config::AttentionKind;
 
@@ -58,27 +60,48 @@ impl RowAttention<'_> {
     /// Attention output `[t, heads * head_dim]` of `span`'s queries into `out`; `scores` is
     /// scratch space reused across calls.
     pub fn attend(&self, span: SpanQueries<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+        self.attend_heads(span, 0..self.kv_heads, scores, out);
+    }
+
+    /// The query heads of key/value heads `kv` only, with the bits [`Self::attend`] gives
+    /// them: each row of `out` holds those heads in order (`kv.len()` groups of
+    /// `heads / kv_heads` heads of `head_dim` floats). Disjoint ranges of one span can run on
+    /// different threads: a head reads only its own key/value head and writes only its output.
+    pub fn attend_heads(
+        &self,
+        span: SpanQueries<'_>,
+        kv: Range<usize>,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let kv = kv.start.min(self.kv_heads)..kv.end.min(self.kv_heads);
         #[cfg(target_arch = "x86_64")]
         if self.head_dim.is_multiple_of(8) {
             if self.heads > self.kv_heads && grouped::available() {
                 // SAFETY: the CPU has the grouped kernels' features and the head size is a
                 // multiple of 8, checked above.
-                return unsafe { self.attend_grouped(span, scores, out) };
+                return unsafe { self.attend_grouped(span, kv, scores, out) };
             }
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2 and the head size is a multiple of 8, checked above.
-                return unsafe { self.attend_avx2(span, scores, out) };
+                return unsafe { self.attend_avx2(span, kv, scores, out) };
             }
         }
-        self.attend_rows::<false, false>(span, scores, out);
+        self.attend_rows::<false, false>(span, kv, scores, out);
     }
 
     /// # Safety
     /// The CPU must support AVX2 and `head_dim` must be a multiple of 8.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn attend_avx2(&self, span: SpanQueries<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
-        self.attend_rows::<true, false>(span, scores, out);
+    unsafe fn attend_avx2(
+        &self,
+        span: SpanQueries<'_>,
+        kv: Range<usize>,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        self.attend_rows::<true, false>(span, kv, scores, out);
     }
 
     /// # Safety
@@ -86,17 +109,25 @@ impl RowAttention<'_> {
     /// multiple of 8.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,avx512f,avx512vl")]
-    unsafe fn attend_grouped(&self, span: SpanQueries<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
-        self.attend_rows::<true, true>(span, scores, out);
+    unsafe fn attend_grouped(
+        &self,
+        span: SpanQueries<'_>,
+        kv: Range<usize>,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        self.attend_rows::<true, true>(span, kv, scores, out);
     }
 
     /// The kernel; `SIMD` selects the AVX2 dot products, softmax and weighted sums, `GROUPED`
     /// takes the query heads of one key/value head up to three at a time (the caller has
-    /// checked the CPU and the head size).
+    /// checked the CPU and the head size). Only the query heads of key/value heads `kv`, into
+    /// rows of `out` as wide as those heads.
     #[inline(always)]
     fn attend_rows<const SIMD: bool, const GROUPED: bool>(
         &self,
         span: SpanQueries<'_>,
+        kv: Range<usize>,
         scores: &mut Vec<f32>,
         out: &mut [f32],
     ) {
@@ -109,10 +140,16 @@ impl RowAttention<'_> {
         let (d, kv_w) = (self.head_dim, self.kv_heads * self.head_dim);
         let group = (self.heads / self.kv_heads.max(1)).max(1);
         let q_w = self.heads * d;
+        // The query heads of `kv`; `out`'s rows hold only theirs.
+        let heads = (kv.start * group).min(self.heads)..(kv.end * group).min(self.heads);
+        let out_w = heads.len() * d;
+        if out_w == 0 {
+            return;
+        }
         let mut positions: Vec<KvRow<'_>> = Vec::new();
         for (i, (qi, oi)) in q
             .chunks_exact(q_w)
-            .zip(out.chunks_exact_mut(q_w))
+            .zip(out.chunks_exact_mut(out_w))
             .enumerate()
         {
             let pos = past + i;
@@ -127,16 +164,17 @@ impl RowAttention<'_> {
             if GROUPED && !positions.is_empty() {
                 // SAFETY: GROUPED is only set by `attend_grouped`, whose caller checked the
                 // CPU and that `d` is a multiple of 8.
-                unsafe { self.grouped_heads(qi, oi, &positions, scores) };
+                unsafe { self.grouped_heads(heads.clone(), qi, oi, &positions, scores) };
                 continue;
             }
             scores.clear();
             scores.resize(positions.len(), 0.0);
-            for h in 0..self.heads {
+            for h in heads.clone() {
                 let off = (h / group) * d;
                 let qh = &qi[h * d..(h + 1) * d];
                 let sink = self.sinks.map(|s| s[h]);
-                let oh = &mut oi[h * d..(h + 1) * d];
+                let o = (h - heads.start) * d;
+                let oh = &mut oi[o..o + d];
                 if SIMD {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: SIMD is only set by `attend_avx2`, whose caller checked AVX2 and
@@ -160,7 +198,8 @@ impl RowAttention<'_> {
 
 #[cfg(target_arch = "x86_64")]
 impl RowAttention<'_> {
-    /// One query row's heads against `positions`, the heads of each key/value head up to
+    /// One query row's heads `heads` (whole groups of one key/value head) against
+    /// `positions`, into `oi` (those heads' outputs), the heads of each key/value head up to
     /// [`grouped::GROUP`] at a time.
     ///
     /// # Safety
@@ -168,6 +207,7 @@ impl RowAttention<'_> {
     #[inline(always)]
     unsafe fn grouped_heads(
         &self,
+        heads: Range<usize>,
         qi: &[f32],
         oi: &mut [f32],
         positions: &[KvRow<'_>],
@@ -177,33 +217,35 @@ impl RowAttention<'_> {
         let group = (self.heads / self.kv_heads.max(1)).max(1);
         scores.clear();
         scores.resize(grouped::GROUP * positions.len(), 0.0);
-        let mut h = 0;
-        while h < self.heads {
+        let first = heads.start;
+        let mut h = heads.start;
+        while h < heads.end {
             // Heads h.. that share h's key/value head.
             let kv = h / group;
-            let same = ((kv + 1) * group).min(self.heads) - h;
+            let same = ((kv + 1) * group).min(heads.end) - h;
             let g = same.min(grouped::GROUP);
+            let at = (h, first, kv * d);
             // SAFETY: forwarded from the caller.
             unsafe {
                 match g {
-                    1 => self.heads_together::<1>(h, kv * d, qi, oi, positions, scores),
-                    2 => self.heads_together::<2>(h, kv * d, qi, oi, positions, scores),
-                    _ => self.heads_together::<3>(h, kv * d, qi, oi, positions, scores),
+                    1 => self.heads_together::<1>(at, qi, oi, positions, scores),
+                    2 => self.heads_together::<2>(at, qi, oi, positions, scores),
+                    _ => self.heads_together::<3>(at, qi, oi, positions, scores),
                 }
             }
             h += g;
         }
     }
 
-    /// Heads `h0..h0 + G` (sharing the key/value head at offset `off`) of one query row.
+    /// Heads `h0..h0 + G` (sharing the key/value head at offset `off`) of one query row, into
+    /// `oi`, whose first head is `first`.
     ///
     /// # Safety
     /// As [`Self::grouped_heads`]; `scores` holds `G` floats per position.
     #[inline(always)]
     unsafe fn heads_together<const G: usize>(
         &self,
-        h0: usize,
-        off: usize,
+        (h0, first, off): (usize, usize, usize),
         qi: &[f32],
         oi: &mut [f32],
         positions: &[KvRow<'_>],
@@ -213,7 +255,7 @@ impl RowAttention<'_> {
         let mut parts = scores.chunks_exact_mut(n);
         let mut parts: [&mut [f32]; G] = std::array::from_fn(|_| parts.next().unwrap_or_default());
         let q: [&[f32]; G] = std::array::from_fn(|g| &qi[(h0 + g) * d..(h0 + g + 1) * d]);
-        let mut outs = oi[h0 * d..(h0 + G) * d].chunks_exact_mut(d);
+        let mut outs = oi[(h0 - first) * d..(h0 - first + G) * d].chunks_exact_mut(d);
         let mut outs: [&mut [f32]; G] = std::array::from_fn(|_| outs.next().unwrap_or_default());
         // SAFETY: the caller checked the CPU and that `d` is a multiple of 8; each query and
         // output holds `d` floats, each part one float per position, and every key and value
@@ -416,7 +458,7 @@ mod tests {
                     first_key: 0,
                     runs: &runs,
                 };
-                rows.attend_rows::<false, false>(span, &mut Vec::new(), &mut portable);
+                rows.attend_rows::<false, false>(span, 0..kv_heads, &mut Vec::new(), &mut portable);
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 rows.attend(span, &mut Vec::new(), &mut fast);
                 assert_eq!(
@@ -427,17 +469,82 @@ mod tests {
                 #[cfg(target_arch = "x86_64")]
                 if std::arch::is_x86_feature_detected!("avx2") {
                     // SAFETY: the CPU has AVX2; `d` is a multiple of 8.
-                    unsafe { rows.attend_avx2(span, &mut Vec::new(), &mut fast) };
+                    unsafe { rows.attend_avx2(span, 0..kv_heads, &mut Vec::new(), &mut fast) };
                     assert_eq!(bits(&fast), bits(&portable), "AVX2, d={d} keys={keys}");
                 }
                 #[cfg(target_arch = "x86_64")]
                 if grouped::available() {
                     // SAFETY: the CPU has the grouped kernels' features; `d` is a multiple of 8.
-                    unsafe { rows.attend_grouped(span, &mut Vec::new(), &mut fast) };
+                    unsafe { rows.attend_grouped(span, 0..kv_heads, &mut Vec::new(), &mut fast) };
                     assert_eq!(
                         bits(&fast),
                         bits(&portable),
                         "grouped, d={d} keys={keys} heads={heads}/{kv_heads}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A row's key/value heads computed range by range, as the pool's threads take them, give
+    /// each head the bits the whole row gives it; with sinks, sliding windows, and every way
+    /// of cutting the key/value heads into consecutive ranges.
+    #[test]
+    fn key_value_head_ranges_give_the_whole_rows_bits() {
+        let d = 64;
+        for (heads, kv_heads) in [(12, 4), (8, 8), (6, 2), (4, 1)] {
+            for kind in [AttentionKind::Full, AttentionKind::Sliding { window: 9 }] {
+                let keys = 37;
+                let kv_w = kv_heads * d;
+                let keys_v = values(keys * kv_w, 11);
+                let vals = values(keys * kv_w, 12);
+                let q = values(heads * d, 13);
+                let sinks = values(heads, 14);
+                let (first, second) = (keys_v.split_at(20 * kv_w), vals.split_at(20 * kv_w));
+                let runs = [
+                    KvRun {
+                        keys: first.0,
+                        values: second.0,
+                    },
+                    KvRun {
+                        keys: first.1,
+                        values: second.1,
+                    },
+                ];
+                let rows = RowAttention {
+                    heads,
+                    kv_heads,
+                    head_dim: d,
+                    scale: (d as f32).powf(-0.5),
+                    kind,
+                    sinks: Some(&sinks),
+                };
+                let span = SpanQueries {
+                    q: &q,
+                    past: keys - 1,
+                    first_key: 0,
+                    runs: &runs,
+                };
+                let mut whole = vec![0f32; heads * d];
+                rows.attend(span, &mut Vec::new(), &mut whole);
+                let group = heads / kv_heads;
+                // Every cut of 0..kv_heads into consecutive ranges (one bit per boundary).
+                for cuts in 0u32..1 << (kv_heads - 1) {
+                    let mut pieces = Vec::new();
+                    let mut start = 0;
+                    for kv in 1..=kv_heads {
+                        if kv == kv_heads || cuts & (1 << (kv - 1)) != 0 {
+                            let mut out = vec![f32::NAN; (kv - start) * group * d];
+                            rows.attend_heads(span, start..kv, &mut Vec::new(), &mut out);
+                            pieces.extend(out);
+                            start = kv;
+                        }
+                    }
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&pieces),
+                        bits(&whole),
+                        "heads {heads}/{kv_heads}, {kind:?}, cuts {cuts:b}"
                     );
                 }
             }
