@@ -31,8 +31,8 @@
 # every expert, and each step spreads its experts evenly over them; afd's default
 # `--replicate-experts auto` does so where the copies fit), `afd-2cards-one-copy` and
 # `afd-2cards-bf16-one-copy` (the -auto ones with `--replicate-experts false`: each expert on
-# one card), and `afd-2cards-bf16-inproc`
-# (the -auto one over the in-process transport instead of loopback QUIC: what the data plane's
+# one card), `afd-2cards-inproc` and `afd-2cards-bf16-inproc`
+# (the -auto ones over the in-process transport instead of loopback QUIC: what the data plane's
 # packets and wake-ups cost a step), and the `-mxint8` twins of monolithic, afd-2cards and
 # afd-8cards (`--activation-dtype mxint8`: MXFP4 experts take MXINT8 inputs and integer block
 # sums, as llama.cpp's MXFP4 path takes 8-bit ones; bf16 weights as with bf16), and the `-ct2`
@@ -153,6 +153,7 @@ all_variants=(
     "afd-2cards-bf16-replicated|--cards 2 --activation-dtype bf16 --replicate-experts"
     "afd-2cards-one-copy|--cards 2 --replicate-experts false"
     "afd-2cards-bf16-one-copy|--cards 2 --activation-dtype bf16 --replicate-experts false"
+    "afd-2cards-inproc|--cards 2 --transport inproc"
     "afd-2cards-bf16-inproc|--cards 2 --activation-dtype bf16 --transport inproc"
     "monolithic-mxint8|--reference --activation-dtype mxint8"
     "afd-2cards-mxint8|--cards 2 --micro-batches 2 --activation-dtype mxint8"
