@@ -145,16 +145,18 @@ fn a_sequence_gives_the_same_bits_alone_and_in_a_batch() {
     }
 }
 
+/// A rayon pool of `n` threads.
+fn pool(n: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .unwrap()
+}
+
 /// Decode steps of several sequences at once, whose attention runs side by side on a pool of
 /// 2 threads, give each sequence the bits it gets decoding alone on one thread.
 #[test]
 fn batched_decode_on_two_threads_gives_the_bits_of_each_sequence_alone() {
-    let pool = |n| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()
-            .unwrap()
-    };
     let (one, two) = (pool(1), pool(2));
     for family in [Family::GptOss, Family::Mixtral, Family::Qwen3Moe] {
         let dir = tempfile::tempdir().unwrap();
@@ -196,12 +198,6 @@ fn batched_decode_on_two_threads_gives_the_bits_of_each_sequence_alone() {
 /// included.
 #[test]
 fn one_long_sequence_split_by_heads_over_two_threads_gives_the_one_thread_bits() {
-    let pool = |n| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()
-            .unwrap()
-    };
     let (one, two) = (pool(1), pool(2));
     for family in [Family::GptOss, Family::Mixtral] {
         let dir = tempfile::tempdir().unwrap();
