@@ -8,7 +8,10 @@ Per layer and step, from the node's spans and the cards' messages (one clock):
     last one's reply: their ratio is how many cards computed at a time on average;
   - how long messages waited for a CPU turn, and how much of a message's compute span its worker
     spent on a CPU (traces from afd versions that record it);
-  - the LM head's node span and the cards' compute for it.
+  - the LM head's node span and the cards' compute for it;
+  - the hops: from the node's dispatch to the first card message landing, and from the last
+    reply to the end of the node's wait+combine (which includes the combine): what the data
+    plane and the threads' wake-ups add to each layer.
 
 With --prefill, the first step instead (a prompt's prefill): each node span kind added up over
 the layers' first spans, and the time from the first span to the end of the first LM head.
@@ -16,6 +19,7 @@ the layers' first spans, and the time from the first span to the end of the firs
 Usage: scripts/trace_summary.py TRACE.json [--skip-steps N | --prefill]   (standard library only)
 """
 import argparse
+import bisect
 import collections
 import json
 import statistics
@@ -47,6 +51,14 @@ def main():
         if a["step"] >= first_step:
             groups[(a["step"], e["name"].split(" ", 1)[1], a["micro_batch"])].append(e)
     busy, span, waits, lm_busy, per_msg, per_cpu, preempted, blocked = [], [], [], [], [], [], [], []
+    # The node's spans by name, in time order (their ends), to find each group's hops.
+    node_ends = collections.defaultdict(list)
+    for e in events:
+        if e["pid"] == 1:
+            node_ends[e["name"]].append(e["ts"] + e["dur"])
+    for ends in node_ends.values():
+        ends.sort()
+    hop_out, hop_back = [], []
     for (step, what, mb), evs in groups.items():
         compute = [e for e in evs if e["cat"] == "compute"]
         wait = [e for e in evs if e["cat"] == "wait"]
@@ -58,6 +70,14 @@ def main():
             continue
         busy.append(total)
         span.append((end - start) / 1000)
+        dispatched = node_ends.get(f"dispatch {what}", [])
+        i = bisect.bisect_right(dispatched, start)
+        if i > 0:
+            hop_out.append((start - dispatched[i - 1]) / 1000)
+        combined = node_ends.get(f"wait+combine {what}", [])
+        j = bisect.bisect_left(combined, end)
+        if j < len(combined):
+            hop_back.append((combined[j] - end) / 1000)
         waits += [e["dur"] / 1000 for e in wait]
         per_msg += [e["dur"] / 1000 for e in compute]
         per_cpu += [e["args"]["cpu_ms"] for e in compute if "cpu_ms" in e["args"]]
@@ -89,6 +109,9 @@ def main():
                   f"preempted {statistics.mean(preempted):.2f} and blocked {statistics.mean(blocked):.2f} times on average")
     if lm_busy:
         print(f"  LM head: cards' compute added up {med(lm_busy):.1f} ms a step")
+    if hop_out and hop_back:
+        print(f"hops (medians): dispatch to the first landing {med(hop_out) * 1000:.0f} us, "
+              f"last reply to the end of wait+combine {med(hop_back) * 1000:.0f} us")
 
 
 def prefill(events):
