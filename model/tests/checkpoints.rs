@@ -192,44 +192,47 @@ fn batched_decode_on_two_threads_gives_the_bits_of_each_sequence_alone() {
     }
 }
 
-/// One sequence with a long history decodes on 2 threads with each row's key/value heads
-/// split over them (the split starts at 32 K key floats: 1,024 positions of the tiny
-/// checkpoints' 2 x 16) and gets the bits it gets on one thread, sliding-window layers
-/// included.
+/// Three sequences, and one, with long histories decode on 2 threads with each row's key/value
+/// heads split over them (they do not share out evenly by sequence; the split starts at 32 K
+/// key floats: 1,024 positions of the tiny checkpoints' 2 x 16) and get the bits they get on
+/// one thread, sliding-window layers included.
 #[test]
-fn one_long_sequence_split_by_heads_over_two_threads_gives_the_one_thread_bits() {
+fn long_sequences_split_by_heads_over_two_threads_give_the_one_thread_bits() {
     let (one, two) = (pool(1), pool(2));
     for family in [Family::GptOss, Family::Mixtral] {
         let dir = tempfile::tempdir().unwrap();
         synth(dir.path(), family, None);
-        let decode = || -> Vec<Vec<f32>> {
-            let mut m = ReferenceModel::new(ModelWeights::load(dir.path()).unwrap()).unwrap();
-            let prompt: Vec<u32> = (0..1100u32).map(|i| (i * 37 + 5) % 300).collect();
-            m.forward(
-                &[SeqChunk {
-                    seq: 3,
-                    tokens: prompt,
-                }],
-                LogitsFor::LastToken,
-            )
-            .unwrap();
-            (0..3u32)
-                .map(|s| {
-                    let step = SeqChunk {
-                        seq: 3,
-                        tokens: vec![s * 11 + 2],
-                    };
-                    m.forward(&[step], LogitsFor::LastToken).unwrap().remove(0)
-                })
-                .collect()
-        };
-        let alone = one.install(decode);
-        let split = two.install(decode);
-        assert!(alone.iter().flatten().all(|v| v.is_finite()));
-        assert_eq!(
-            alone, split,
-            "{family}: a long sequence's bits changed when split"
-        );
+        for seqs in [3u32, 1] {
+            let decode = || -> Vec<Vec<f32>> {
+                let mut m = ReferenceModel::new(ModelWeights::load(dir.path()).unwrap()).unwrap();
+                let prompts: Vec<SeqChunk> = (0..seqs)
+                    .map(|q| SeqChunk {
+                        seq: u64::from(q),
+                        tokens: (0..1100 + q * 40).map(|i| (i * 37 + 5 * q) % 300).collect(),
+                    })
+                    .collect();
+                m.forward(&prompts, LogitsFor::LastToken).unwrap();
+                (0..3u32)
+                    .flat_map(|s| {
+                        let step: Vec<SeqChunk> = (0..seqs)
+                            .map(|q| SeqChunk {
+                                seq: u64::from(q),
+                                tokens: vec![s * 11 + q + 2],
+                            })
+                            .collect();
+                        m.forward(&step, LogitsFor::LastToken).unwrap()
+                    })
+                    .collect()
+            };
+            let alone = one.install(decode);
+            let split = two.install(decode);
+            assert_eq!(alone.len(), 3 * seqs as usize);
+            assert!(alone.iter().flatten().all(|v| v.is_finite()));
+            assert_eq!(
+                alone, split,
+                "{family}, {seqs} sequences: long sequences' bits changed when split"
+            );
+        }
     }
 }
 

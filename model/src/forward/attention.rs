@@ -161,14 +161,14 @@ impl AttentionBlock {
             .max()
             .unwrap_or(0);
         if threads > 1
-            && short.len() < threads
+            && !short.len().is_multiple_of(threads)
             && nkv > 1
             && nh.is_multiple_of(nkv)
             && longest * kv_w >= SPLIT_MIN_KEY_FLOATS
         {
-            // Fewer sequences than threads, with long histories: each row's key/value heads
-            // are split over the pool, so that no core waits while one sequence's attention
-            // runs (decode of one sequence: every core on the one row loop).
+            // Sequences that do not share out evenly over the threads (one sequence on two,
+            // three on two), with long histories: each row's key/value heads are split over
+            // the pool, so that no core waits while the last sequence's attention runs.
             self.attend_heads_split(&rows, cache, layer, short, &q_rows, threads)?;
         } else if short.len() >= 2 && threads > 1 {
             // A decode batch's sequences are independent row loops: split them over the
@@ -224,7 +224,7 @@ impl AttentionBlock {
     }
 
     /// The row attention of the `short` spans with each query row's key/value heads cut into
-    /// `threads` ranges, every (row, range) a job of its own on the pool: the bits
+    /// up to `threads` ranges, every (row, range) a job of its own on the pool: the bits
     /// [`RowAttention::attend`] gives, since each head is computed whole by one job.
     fn attend_heads_split(
         &self,
@@ -330,11 +330,12 @@ fn span_rows<'s, 'o>(
 }
 
 /// Key floats (positions times key/value heads times head size) from which the row attention
-/// of fewer sequences than threads is split over the pool by key/value heads, rather than each
-/// sequence run on one thread while the others wait. Below it the hand-over costs about what
-/// the split saves: medium Mixtral (4 key/value heads of 64) at one sequence and 64-128
-/// positions took 0.27-0.29 ms a layer split against 0.24-0.29 whole (attention span, Zen 3
-/// VM, 2 threads); at 1,300-1,400 positions 0.63-0.66 against 0.83-0.98 ms.
+/// of sequences that do not share out evenly over the pool's threads is split by key/value
+/// heads, rather than each sequence run on one thread while the others wait. Below it the
+/// hand-over costs about what the split saves: medium Mixtral (4 key/value heads of 64) at one
+/// sequence and 64-128 positions took 0.27-0.29 ms a layer split against 0.24-0.29 whole
+/// (attention span, Zen 3 VM, 2 threads); at 1,300-1,400 positions 0.63-0.66 against
+/// 0.83-0.98 ms. Three sequences at 900-1,000 positions: 1.06-1.14 against 1.28-1.31 ms.
 const SPLIT_MIN_KEY_FLOATS: usize = 32 * 1024;
 
 /// Spans of at most this many new tokens (decode, short chunks) take the row kernel; longer
