@@ -11,7 +11,8 @@ Per layer and step, from the node's spans and the cards' messages (one clock):
   - the LM head's node span and the cards' compute for it;
   - the hops: from the node's dispatch to the first card message landing, and from the last
     reply to the end of the node's wait+combine (which includes the combine): what the data
-    plane and the threads' wake-ups add to each layer.
+    plane and the threads' wake-ups add to each layer (paired by time: with two micro-batches a
+    reply may be paired with the other micro-batch's wait+combine).
 
 With --prefill, the first step instead (a prompt's prefill): each node span kind added up over
 the layers' first spans, and the time from the first span to the end of the first LM head.

@@ -195,7 +195,7 @@ fn batched_decode_on_two_threads_gives_the_bits_of_each_sequence_alone() {
 /// Three sequences, and one, with long histories decode on 2 threads with each row's key/value
 /// heads split over them (they do not share out evenly by sequence; the split starts at 32 K
 /// key floats: 1,024 positions of the tiny checkpoints' 2 x 16) and get the bits they get on
-/// one thread, sliding-window layers included.
+/// one thread; GPT-OSS's sliding-window layers (4 keys) stay whole between its split ones.
 #[test]
 fn long_sequences_split_by_heads_over_two_threads_give_the_one_thread_bits() {
     let (one, two) = (pool(1), pool(2));

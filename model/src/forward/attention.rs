@@ -155,9 +155,10 @@ impl AttentionBlock {
                 Ok(())
             };
         let threads = rayon::current_num_threads();
+        // The most keys a span's queries read: a sliding window's layers read only the window.
         let longest = short
             .iter()
-            .map(|(span, _)| span.past + span.len)
+            .map(|(span, _)| span.past + span.len - self.first_key(span))
             .max()
             .unwrap_or(0);
         if threads > 1

@@ -74,7 +74,11 @@ impl RowAttention<'_> {
         scores: &mut Vec<f32>,
         out: &mut [f32],
     ) {
-        let kv = kv.start.min(self.kv_heads)..kv.end.min(self.kv_heads);
+        assert!(
+            kv.start <= kv.end && kv.end <= self.kv_heads,
+            "key/value heads {kv:?} of {}",
+            self.kv_heads
+        );
         #[cfg(target_arch = "x86_64")]
         if self.head_dim.is_multiple_of(8) {
             if self.heads > self.kv_heads && grouped::available() {
