@@ -177,8 +177,8 @@ fn partitioned(model: &Path) {
         .expect("the node's compute pool");
     let mut on = afd_on(model, TransportKind::Quic, MicroBatches::Two, 0b10, false);
     let mut off = afd_on(model, TransportKind::Quic, MicroBatches::One, 0b10, true);
-    // Pinned after the clusters start, so that JetStream's I/O threads stay free to run on
-    // either CPU, as a NIC would.
+    // Pinned after the clusters start, so that the endpoints' idle drivers (see
+    // `jetstream::EndpointRuntime`) stay free to run on either CPU.
     corsair_ffn::executor::pin_to_mask(0b01, 0);
     for batch in [8usize, 32] {
         let (mut a, mut b) = (vec![], vec![]);

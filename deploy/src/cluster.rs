@@ -22,7 +22,9 @@ use gpu_attention::dispatch::ExpertPlacement;
 use gpu_attention::fabric::JetstreamFabric;
 use gpu_attention::node::slot_sizes;
 use gpu_attention::{CardLayout, DisaggregatedNode, NodeConfig};
-use jetstream::{ClusterCa, InprocFabric, NodeIdentity, QuicConfig, QuicTransport, Transport};
+use jetstream::{
+    ClusterCa, EndpointRuntime, InprocFabric, NodeIdentity, QuicConfig, QuicTransport, Transport,
+};
 use model::config::FfnKind;
 use model::kernels::ActivationDtype;
 use model::weights::{ExpertFilter, HugePages, LoadOptions};
@@ -32,12 +34,6 @@ use proto::control::{HealthReply, LoadShardReply, LoadShardRequest, RegionDescri
 use crate::error::{Error, Result};
 use crate::replication::{self, CardsToFit, ReplicateExperts, ReplicationChoice};
 use crate::watch::{HeartbeatError, WatchConfig, WatchedCard, watch_cards};
-
-/// Worker threads of the runtime that drives every JetStream endpoint of the process (QUIC
-/// packets, TLS, landing writes). Loopback traffic needs one; a second mostly adds hand-offs
-/// between the two and takes time from the node and the cards (on 2 cores, two workers cost a
-/// tenth of the throughput at 8 concurrent requests).
-const IO_WORKERS: usize = 1;
 
 /// How the attention nodes and the cards talk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -281,7 +277,7 @@ pub fn connect_node(
     assignments: &[CardAssignment],
     cards: &[Arc<dyn CardControl>],
     transport: NodeTransport,
-    runtime: tokio::runtime::Handle,
+    runtime: Arc<EndpointRuntime>,
 ) -> Result<DisaggregatedNode> {
     let layout = card_layout(model, assignments)?;
     let sizes = slot_sizes(model, &config.node, &layout);
@@ -383,7 +379,6 @@ pub struct EmbeddedCluster {
     pub cards: Vec<Arc<CardHost>>,
     /// The assignments the cards hold.
     pub assignments: Vec<CardAssignment>,
-    runtime: tokio::runtime::Runtime,
     /// Behind a mutex only so the cluster can be shared (its stats) once the nodes are taken.
     nodes: std::sync::Mutex<Vec<DisaggregatedNode>>,
 }
@@ -413,12 +408,6 @@ impl EmbeddedCluster {
                 "a deployment needs at least one card and one attention node".into(),
             ));
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(IO_WORKERS)
-            .thread_name("afd-io")
-            .enable_all()
-            .build()
-            .map_err(Error::system("cannot start the I/O runtime"))?;
         let model = ModelConfig::from_file(&config.model.join("config.json"))?;
         let fingerprint = model_fingerprint(&config.model)?;
         let (replicas, choice) =
@@ -436,7 +425,14 @@ impl EmbeddedCluster {
             TransportKind::Inproc => None,
         };
         let inproc = InprocFabric::new();
-        let quic = |name: &str| -> Result<Arc<QuicTransport>> {
+        // Each endpoint (card or node) gets a runtime of its own, driven by the threads that
+        // compute on its messages (see `EndpointRuntime`): a packet wakes the thread that
+        // works on it, with no I/O thread between.
+        let endpoint_runtime = |name: &str| -> Result<Arc<EndpointRuntime>> {
+            EndpointRuntime::new(&format!("{name}-io"))
+                .map_err(Error::system("cannot start an endpoint's runtime"))
+        };
+        let quic = |name: &str, runtime: &EndpointRuntime| -> Result<Arc<QuicTransport>> {
             let identity: NodeIdentity = ca
                 .as_ref()
                 .ok_or_else(|| Error::Config("no cluster CA".into()))?
@@ -456,8 +452,9 @@ impl EmbeddedCluster {
         // The cards are threads of this process: they take turns on the CPUs they may use.
         let cpu_turns = CpuTurns::for_cards(&exec);
         for i in 0..config.cards {
+            let runtime = endpoint_runtime(&card_name(i))?;
             let plane = match config.transport {
-                TransportKind::Quic => DataPlane::Quic(quic(&card_name(i))?),
+                TransportKind::Quic => DataPlane::Quic(quic(&card_name(i), &runtime)?),
                 TransportKind::Inproc => {
                     DataPlane::Inproc(Arc::new(inproc.endpoint(&card_name(i))?))
                 }
@@ -471,18 +468,15 @@ impl EmbeddedCluster {
                 // The node's trace switch records the cards' side of the timeline too.
                 trace: config.node.trace,
             };
-            cards.push(Arc::new(CardHost::new(
-                host,
-                plane,
-                runtime.handle().clone(),
-            )));
+            cards.push(Arc::new(CardHost::new(host, plane, runtime)));
         }
         let attention_weights = config.load_weights(ExpertFilter::None)?;
         let mut nodes = Vec::with_capacity(config.attention_nodes);
         for j in 0..config.attention_nodes {
             progress(StartEvent::ConnectingNode(j, config.attention_nodes));
+            let runtime = endpoint_runtime(&attention_name(j))?;
             let transport = match config.transport {
-                TransportKind::Quic => NodeTransport::Quic(quic(&attention_name(j))?),
+                TransportKind::Quic => NodeTransport::Quic(quic(&attention_name(j), &runtime)?),
                 TransportKind::Inproc => {
                     NodeTransport::Inproc(Arc::new(inproc.endpoint(&attention_name(j))?))
                 }
@@ -505,13 +499,12 @@ impl EmbeddedCluster {
                 &assignments,
                 &controls,
                 transport,
-                runtime.handle().clone(),
+                runtime,
             )?);
         }
         Ok(EmbeddedCluster {
             cards,
             assignments,
-            runtime,
             nodes: std::sync::Mutex::new(nodes),
         })
     }
@@ -530,11 +523,6 @@ impl EmbeddedCluster {
     /// `trace` was on when the cluster started).
     pub fn take_card_spans(&self) -> Vec<CardSpan> {
         self.cards.iter().flat_map(|c| c.take_spans()).collect()
-    }
-
-    /// The I/O runtime the transports run on.
-    pub fn runtime(&self) -> &tokio::runtime::Runtime {
-        &self.runtime
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use corsair_ffn::{PlacementOptions, plan_placement};
 use gpu_attention::DisaggregatedNode;
-use jetstream::{NodeIdentity, QuicConfig, QuicTransport};
+use jetstream::{EndpointRuntime, NodeIdentity, QuicConfig, QuicTransport};
 use model::ModelConfig;
 use model::weights::ExpertFilter;
 use proto::control::card_client::CardClient;
@@ -138,8 +138,12 @@ pub fn connect_remote_node(
                 .map(|c| Arc::new(c) as Arc<dyn CardControl>)
         })
         .collect::<Result<_>>()?;
+    // The node's endpoint runs on a runtime of its own, driven by the node's thread whenever
+    // it sends or waits (see `EndpointRuntime`); the control plane stays on `runtime`.
+    let endpoint = EndpointRuntime::new(&attention_name(id))
+        .map_err(Error::system("cannot start the node endpoint's runtime"))?;
     let transport = {
-        let _guard = runtime.enter();
+        let _guard = endpoint.enter();
         Arc::new(QuicTransport::bind(QuicConfig::new(identity, data_listen))?)
     };
     let weights = config.load_weights(ExpertFilter::None)?;
@@ -151,7 +155,7 @@ pub fn connect_remote_node(
         &assignments,
         &cards,
         NodeTransport::Quic(transport),
-        runtime.handle().clone(),
+        endpoint,
     )
 }
 

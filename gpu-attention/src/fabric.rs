@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use jetstream::{Region, RegionConfig, RegionDescriptor, Transport, WriteRequest, WriteTicket};
+use jetstream::{
+    EndpointRuntime, Region, RegionConfig, RegionDescriptor, Transport, WriteRequest, WriteTicket,
+};
 use proto::data::{HEADER_LEN, Immediate};
 
 use step::StepError;
@@ -68,7 +70,8 @@ pub struct SlotSizes {
 /// [`CardFabric`] over JetStream.
 pub struct JetstreamFabric {
     transport: Arc<dyn Transport>,
-    runtime: tokio::runtime::Handle,
+    /// The node endpoint's runtime, driven by the node's thread whenever it sends or waits.
+    runtime: Arc<EndpointRuntime>,
     card_names: Vec<String>,
     card_index: HashMap<String, usize>,
     inboxes: Vec<RegionDescriptor>,
@@ -90,11 +93,12 @@ impl std::fmt::Debug for JetstreamFabric {
 }
 
 impl JetstreamFabric {
-    /// Registers the reply region (granted to every card) on `transport`. The cards' inbox
-    /// descriptors are attached with [`Self::set_inboxes`] once each card has loaded its shard.
+    /// Registers the reply region (granted to every card) on `transport`, whose tasks run on
+    /// `runtime` (the transport was bound inside it). The cards' inbox descriptors are attached
+    /// with [`Self::set_inboxes`] once each card has loaded its shard.
     pub fn new(
         transport: Arc<dyn Transport>,
-        runtime: tokio::runtime::Handle,
+        runtime: Arc<EndpointRuntime>,
         card_names: Vec<String>,
         sizes: SlotSizes,
     ) -> Result<Self, jetstream::Error> {
@@ -185,9 +189,11 @@ impl CardFabric for JetstreamFabric {
         let len = message.len() as u64;
         let request =
             WriteRequest::new(inbox, offset, Bytes::from(message)).immediate(immediate.pack());
+        // Flushed: the node may compute before it next waits, and the cards should not wait
+        // for that.
         let ticket = self
             .runtime
-            .block_on(self.transport.post_write(request))
+            .block_on_then_flush(self.transport.post_write(request))
             .map_err(|e| card_error(format!("cannot write to {}: {e}", self.card_names[card])))?;
         self.pending[card].push(ticket);
         self.bytes_sent += len;
@@ -195,7 +201,10 @@ impl CardFabric for JetstreamFabric {
     }
 
     fn recv(&mut self, timeout: Duration) -> Result<Reply, StepError> {
-        let completion = match self.reply.next_completion_blocking(timeout) {
+        let completion = match self
+            .runtime
+            .block_on(self.reply.next_completion_timeout(timeout))
+        {
             Ok(c) => c,
             Err(e) => {
                 for card in 0..self.card_names.len() {

@@ -95,16 +95,18 @@
 //! [`Region::read_blocking`] and [`WriteTicket::wait_blocking`] block the calling thread. To
 //! *post* from a plain thread, run the future on the runtime that owns the transport:
 //! `handle.block_on(transport.post_write(request))` with a `tokio::runtime::Handle` captured
-//! beforehand (never from inside an async task). [`QuicTransport::bind`] must be called inside
-//! a tokio runtime.
+//! beforehand (never from inside an async task), or, for a transport bound inside an
+//! [`EndpointRuntime`], `runtime.block_on(...)`, which also drives the endpoint while it waits.
+//! [`QuicTransport::bind`] must be called inside a tokio runtime.
 //!
 //! # Runtimes and performance
 //!
 //! A QUIC endpoint's tasks (quinn's drivers, the receive and acknowledgment tasks) run on the
 //! runtime it was bound in; in-process deliveries run on the writer's runtime. For the lowest
-//! latency give each node's transport a current-thread runtime (one I/O thread, no hand-offs
-//! between worker threads inside the data path) and run compute on other threads with the
-//! blocking API. `cargo run --release -p jetstream --example bench` compares against raw TCP.
+//! latency bind each node's transport in its own [`EndpointRuntime`] and have the threads that
+//! compute wait through it ([`EndpointRuntime::block_on`]): they then send and receive their
+//! packets themselves, with no I/O thread to wake on the way. `cargo run --release -p
+//! jetstream --example bench` compares against raw TCP.
 //! On loopback the path MTU is known, so packets start at 64 KB (see [`QuicTuning`]); on a
 //! network, path MTU discovery raises them from 1,200 bytes. Each endpoint is one UDP socket
 //! and one QUIC connection per peer: on a single connection the sender's encryption and the
@@ -119,6 +121,7 @@
 
 pub mod certs;
 pub mod codec;
+mod endpoint_runtime;
 mod error;
 mod inproc;
 mod mailbox;
@@ -129,6 +132,7 @@ mod tls;
 mod transport;
 
 pub use certs::{ClusterCa, NodeIdentity, write_cluster};
+pub use endpoint_runtime::EndpointRuntime;
 pub use error::{Error, Result};
 pub use inproc::{InprocFabric, InprocTransport};
 pub use quic::{QuicConfig, QuicTransport, QuicTuning};

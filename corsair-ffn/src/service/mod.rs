@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use jetstream::{InprocTransport, QuicTransport, RegionConfig, Transport};
+use jetstream::{EndpointRuntime, InprocTransport, QuicTransport, RegionConfig, Transport};
 use model::checkpoint::Checkpoint;
 use model::kernels::ActivationDtype;
 use model::weights::LoadOptions;
@@ -135,7 +135,7 @@ pub struct CardHost {
     config: CardHostConfig,
     plane: DataPlane,
     transport: Arc<dyn Transport>,
-    runtime: tokio::runtime::Handle,
+    runtime: Arc<EndpointRuntime>,
     shard: Mutex<Option<Arc<Shard>>>,
     /// One worker per attention node served, by the node's JetStream name.
     workers: Mutex<HashMap<String, WorkerHandle>>,
@@ -164,9 +164,9 @@ pub fn model_fingerprint(dir: &Path) -> Result<String, ServiceError> {
 }
 
 impl CardHost {
-    /// A host for card `config.index`, writing and receiving over `transport` (whose async
-    /// parts run on `runtime`).
-    pub fn new(config: CardHostConfig, plane: DataPlane, runtime: tokio::runtime::Handle) -> Self {
+    /// A host for card `config.index`, writing and receiving over `plane`, whose tasks run on
+    /// `runtime` (the transport was bound inside it). The workers drive it while they wait.
+    pub fn new(config: CardHostConfig, plane: DataPlane, runtime: Arc<EndpointRuntime>) -> Self {
         CardHost {
             spans: config.trace.then(Default::default),
             config,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use jetstream::{Region, RegionDescriptor, Transport, WriteRequest};
+use jetstream::{EndpointRuntime, Region, RegionDescriptor, Transport, WriteRequest};
 use proto::data::{self, Candidate, Immediate, Kind, LM_HEAD_LAYER, MessageMeta, Proposal};
 
 use super::cpu_turns::TurnMember;
@@ -36,7 +36,9 @@ pub(crate) struct Worker {
     pub reply: RegionDescriptor,
     pub reply_slot: usize,
     pub transport: Arc<dyn Transport>,
-    pub runtime: tokio::runtime::Handle,
+    /// The card endpoint's runtime: this thread drives it while it waits for a message and
+    /// while it sends a reply, so packets need no other thread.
+    pub runtime: Arc<EndpointRuntime>,
     pub stop: Arc<AtomicBool>,
     /// This worker's place among the cards sharing its CPUs, if any.
     pub turns: Option<TurnMember>,
@@ -47,7 +49,10 @@ pub(crate) struct Worker {
 impl Worker {
     pub fn run(self) {
         while !self.stop.load(Ordering::SeqCst) {
-            let completion = match self.inbox.next_completion_blocking(POLL) {
+            let completion = match self
+                .runtime
+                .block_on(self.inbox.next_completion_timeout(POLL))
+            {
                 Ok(c) => c,
                 Err(jetstream::Error::Timeout { .. }) => continue,
                 Err(e) => {
@@ -144,7 +149,11 @@ impl Worker {
             .bytes_out
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         let request = WriteRequest::new(&self.reply, offset, Bytes::from(bytes)).immediate(raw);
-        if let Err(e) = self.runtime.block_on(self.transport.post_write(request)) {
+        // Flushed, so the reply leaves before the turn is handed on.
+        if let Err(e) = self
+            .runtime
+            .block_on_then_flush(self.transport.post_write(request))
+        {
             tracing::warn!(
                 card = self.card_index,
                 "cannot reply to {}: {e}",

@@ -11,7 +11,7 @@ use corsair_ffn::service::{CardHost, CardHostConfig, DataPlane};
 use corsair_ffn::{ExecOptions, HardwareProfile};
 use deploy::control_plane::{self, Role};
 use deploy::shutdown::StopSignals;
-use jetstream::{NodeIdentity, QuicConfig, QuicTransport};
+use jetstream::{EndpointRuntime, NodeIdentity, QuicConfig, QuicTransport};
 
 /// Run one card: wait for an attention node to load a shard, then serve it.
 #[derive(Debug, clap::Args)]
@@ -66,8 +66,12 @@ pub fn run(args: CardArgs) -> anyhow::Result<()> {
     let data_listen = args
         .data_listen
         .unwrap_or(SocketAddr::new(args.listen.ip(), 0));
+    // The data plane runs on a runtime of its own, driven by the card's worker threads while
+    // they wait and reply (see `EndpointRuntime`); the control plane stays on `runtime`.
+    let endpoint =
+        EndpointRuntime::new(&format!("{name}-io")).context("starting the data plane's runtime")?;
     let transport = {
-        let _guard = runtime.enter();
+        let _guard = endpoint.enter();
         Arc::new(QuicTransport::bind(QuicConfig::new(
             identity.clone(),
             data_listen,
@@ -90,7 +94,7 @@ pub fn run(args: CardArgs) -> anyhow::Result<()> {
             trace: false,
         },
         DataPlane::Quic(transport),
-        runtime.handle().clone(),
+        endpoint,
     ));
     let service = CardService::new(host.clone()).into_server();
     let served = runtime.block_on(async {

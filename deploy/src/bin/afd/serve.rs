@@ -103,9 +103,9 @@ fn bundled_model() -> PathBuf {
     }
 }
 
-/// What keeps a deployment alive while it serves (the cards, their I/O runtime). Owned by
-/// `run` alone and dropped on its thread once the HTTP runtime and the router's engines are
-/// gone: it holds a tokio runtime, which must not be dropped inside an async task.
+/// What keeps a deployment alive while it serves (the cards and their endpoints' runtimes).
+/// Owned by `run` alone and dropped on its thread once the HTTP runtime and the router's
+/// engines are gone: dropping it joins the cards' threads, which must not block an async task.
 pub enum Deployment {
     /// Cards in this process.
     Embedded(EmbeddedCluster),

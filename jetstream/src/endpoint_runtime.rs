@@ -1,0 +1,282 @@
+//! A runtime for one endpoint, driven by the threads that use it.
+//!
+//! With every endpoint of a process on a shared I/O thread, each message crosses two more
+//! threads than it must: the writer wakes the I/O thread to encrypt and send, and on the other
+//! side the I/O thread wakes the reader. On a machine with few cores each of those wake-ups
+//! costs tens of microseconds. An [`EndpointRuntime`] is a current-thread tokio runtime that
+//! the endpoint's own threads drive while they wait on it ([`EndpointRuntime::block_on`]):
+//! a write is encrypted and sent by the thread that posted it, and a packet wakes the thread
+//! that waits for its completion, with no thread in between.
+//!
+//! Between such calls nobody would answer the peer (acknowledgments, keep-alives, a new
+//! connection), so a helper thread takes the runtime over once it has been left alone for
+//! [`EndpointRuntime::IDLE_AFTER`] and hands it back the moment a caller returns. It sleeps
+//! while the endpoint is busy.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+/// A current-thread runtime for one endpoint's tasks, driven by whichever thread waits on it.
+pub struct EndpointRuntime {
+    runtime: Option<Arc<tokio::runtime::Runtime>>,
+    idle: Arc<IdleState>,
+    idle_driver: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for EndpointRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointRuntime")
+            .field("callers", &self.idle.callers.load(Ordering::Relaxed))
+            .field("idle_driving", &self.idle.driving.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// What the callers and the idle driver share.
+struct IdleState {
+    /// Threads inside [`EndpointRuntime::block_on`] now.
+    callers: AtomicUsize,
+    /// When the last caller left, in nanoseconds since `epoch`.
+    last_left: AtomicU64,
+    epoch: Instant,
+    /// The idle driver drives the runtime (or is about to).
+    driving: AtomicBool,
+    /// Asks the idle driver to give the runtime back.
+    give_back: Notify,
+    stop: AtomicBool,
+}
+
+impl IdleState {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn quiet_for(&self) -> Duration {
+        Duration::from_nanos(
+            self.now()
+                .saturating_sub(self.last_left.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+impl EndpointRuntime {
+    /// How long the runtime must be left alone before the idle driver takes it over. Far below
+    /// QUIC's timers (keep-alive, idle timeout, loss probes of a few milliseconds and more), far
+    /// above the gaps between a busy endpoint's calls.
+    pub const IDLE_AFTER: Duration = Duration::from_millis(20);
+
+    /// Starts the runtime and its idle driver (a thread named `name`).
+    pub fn new(name: &str) -> std::io::Result<Arc<Self>> {
+        let runtime = Arc::new(
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+        );
+        let idle = Arc::new(IdleState {
+            callers: AtomicUsize::new(0),
+            last_left: AtomicU64::new(0),
+            epoch: Instant::now(),
+            driving: AtomicBool::new(false),
+            give_back: Notify::new(),
+            stop: AtomicBool::new(false),
+        });
+        let idle_driver = {
+            let (runtime, idle) = (runtime.clone(), idle.clone());
+            std::thread::Builder::new()
+                .name(name.to_owned())
+                .spawn(move || drive_while_idle(&runtime, &idle))?
+        };
+        Ok(Arc::new(EndpointRuntime {
+            runtime: Some(runtime),
+            idle,
+            idle_driver: Mutex::new(Some(idle_driver)),
+        }))
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        // Present until drop.
+        self.runtime
+            .as_deref()
+            .expect("the runtime lives until drop")
+    }
+
+    /// Runs `future` to completion on the calling thread, driving the endpoint's tasks (its
+    /// sockets, timers and receive tasks) while it waits. Several threads may call it at once;
+    /// one of them drives at a time. Call it from plain threads only, never from an async task.
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.idle.callers.fetch_add(1, Ordering::SeqCst);
+        if self.idle.driving.load(Ordering::SeqCst) {
+            // A stored permit wakes the driver even if it is not waiting yet.
+            self.idle.give_back.notify_one();
+        }
+        let output = self.runtime().block_on(future);
+        self.idle
+            .last_left
+            .store(self.idle.now(), Ordering::Relaxed);
+        self.idle.callers.fetch_sub(1, Ordering::SeqCst);
+        output
+    }
+
+    /// [`Self::block_on`], then lets the tasks the future woke run once before returning: a
+    /// posted write leaves the socket now, not when this thread next waits on the runtime.
+    pub fn block_on_then_flush<F: Future>(&self, future: F) -> F::Output {
+        self.block_on(async {
+            let output = future.await;
+            tokio::task::yield_now().await;
+            output
+        })
+    }
+
+    /// A handle for spawning onto the runtime. Its tasks run only while some thread drives
+    /// the runtime (a caller of [`Self::block_on`] or the idle driver).
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        self.runtime().handle()
+    }
+
+    /// Enters the runtime's context, for constructors that spawn their tasks where they are
+    /// called ([`crate::QuicTransport::bind`]).
+    pub fn enter(&self) -> tokio::runtime::EnterGuard<'_> {
+        self.runtime().enter()
+    }
+}
+
+impl Drop for EndpointRuntime {
+    fn drop(&mut self) {
+        self.idle.stop.store(true, Ordering::SeqCst);
+        self.idle.give_back.notify_one();
+        let driver = self
+            .idle_driver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(driver) = driver {
+            driver.thread().unpark();
+            let _ = driver.join();
+        }
+        // `shutdown_background` may run inside another runtime's task, unlike a plain drop.
+        if let Some(runtime) = self.runtime.take().and_then(|r| Arc::try_unwrap(r).ok()) {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// The idle driver: takes the runtime over once nobody has called for [`IDLE_AFTER`], until a
+/// caller arrives.
+///
+/// [`IDLE_AFTER`]: EndpointRuntime::IDLE_AFTER
+fn drive_while_idle(runtime: &tokio::runtime::Runtime, idle: &IdleState) {
+    while !idle.stop.load(Ordering::SeqCst) {
+        let quiet = idle.quiet_for();
+        if quiet < EndpointRuntime::IDLE_AFTER || idle.callers.load(Ordering::SeqCst) > 0 {
+            std::thread::park_timeout(EndpointRuntime::IDLE_AFTER.saturating_sub(quiet));
+            continue;
+        }
+        idle.driving.store(true, Ordering::SeqCst);
+        // A caller that arrived before `driving` was set did not ask for the runtime back:
+        // look again now that it is set (either this sees the caller or the caller sees it).
+        if idle.callers.load(Ordering::SeqCst) == 0 && !idle.stop.load(Ordering::SeqCst) {
+            runtime.block_on(idle.give_back.notified());
+        }
+        idle.driving.store(false, Ordering::SeqCst);
+        idle.last_left.store(idle.now(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spawned_tasks_run_while_nobody_calls() {
+        let runtime = EndpointRuntime::new("test-idle").expect("runtime");
+        let (tx, rx) = std::sync::mpsc::channel();
+        runtime.handle().spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let _ = tx.send(42);
+        });
+        // Nobody calls block_on: only the idle driver can run the task and its timer.
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(42));
+    }
+
+    #[test]
+    fn callers_take_the_runtime_back_from_the_idle_driver() {
+        let runtime = EndpointRuntime::new("test-back").expect("runtime");
+        for round in 0..20u64 {
+            // Long enough for the idle driver to take over between calls.
+            std::thread::sleep(EndpointRuntime::IDLE_AFTER + Duration::from_millis(5));
+            let started = Instant::now();
+            let value = runtime.block_on(async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                round
+            });
+            assert_eq!(value, round);
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "the idle driver held the runtime for {:?}",
+                started.elapsed()
+            );
+        }
+    }
+
+    #[test]
+    fn several_threads_wait_on_one_runtime() {
+        let runtime = EndpointRuntime::new("test-many").expect("runtime");
+        let notify = Arc::new(Notify::new());
+        let waiters: Vec<_> = (0..3)
+            .map(|i| {
+                let (runtime, notify) = (runtime.clone(), notify.clone());
+                std::thread::spawn(move || {
+                    runtime.block_on(async {
+                        notify.notified().await;
+                        i
+                    })
+                })
+            })
+            .collect();
+        // The waiters' futures are woken by a task that one of them (or the idle driver) runs.
+        let notifier = notify.clone();
+        runtime.handle().spawn(async move {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                notifier.notify_one();
+            }
+        });
+        let mut got: Vec<i32> = waiters
+            .into_iter()
+            .map(|w| w.join().expect("waiter"))
+            .collect();
+        got.sort();
+        assert_eq!(got, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn flushing_runs_the_tasks_the_future_woke() {
+        let runtime = EndpointRuntime::new("test-flush").expect("runtime");
+        let notify = Arc::new(Notify::new());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = notify.clone();
+        runtime.block_on(async move {
+            tokio::spawn(async move {
+                waiter.notified().await;
+                let _ = tx.send(());
+            });
+        });
+        runtime.block_on_then_flush(async { notify.notify_one() });
+        // The woken task ran before block_on_then_flush returned, not later on the idle driver.
+        assert_eq!(rx.try_recv(), Ok(()));
+    }
+
+    #[test]
+    fn dropping_inside_another_runtime_does_not_panic() {
+        let runtime = EndpointRuntime::new("test-drop").expect("runtime");
+        let outer = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("outer");
+        outer.block_on(async move { drop(runtime) });
+    }
+}
