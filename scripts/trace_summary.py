@@ -9,10 +9,12 @@ Per layer and step, from the node's spans and the cards' messages (one clock):
   - how long messages waited for a CPU turn, and how much of a message's compute span its worker
     spent on a CPU (traces from afd versions that record it);
   - the LM head's node span and the cards' compute for it;
-  - the hops: from the node's dispatch to the first card message landing, and from the last
-    reply to the end of the node's wait+combine (which includes the combine): what the data
-    plane and the threads' wake-ups add to each layer (paired by time: with two micro-batches a
-    reply may be paired with the other micro-batch's wait+combine).
+  - the hops: from the start of the node's dispatch (which includes routing and the sends) to
+    the first card message landing, and from the last reply to the end of the node's
+    wait+combine (which includes the combine): what the data plane and the threads' wake-ups
+    add to each layer (paired by time: with two micro-batches a reply may be paired with the
+    other micro-batch's wait+combine). The dispatch's start, not its end: a node that sends
+    its packets itself may see a card's message land before its last send returns.
 
 With --prefill, the first step instead (a prompt's prefill): each node span kind added up over
 the layers' first spans, and the time from the first span to the end of the first LM head.
@@ -52,13 +54,15 @@ def main():
         if a["step"] >= first_step:
             groups[(a["step"], e["name"].split(" ", 1)[1], a["micro_batch"])].append(e)
     busy, span, waits, lm_busy, per_msg, per_cpu, preempted, blocked = [], [], [], [], [], [], [], []
-    # The node's spans by name, in time order (their ends), to find each group's hops.
-    node_ends = collections.defaultdict(list)
+    # The node's spans by name, in time order (their starts and their ends), to find each
+    # group's hops.
+    node_starts, node_ends = collections.defaultdict(list), collections.defaultdict(list)
     for e in events:
         if e["pid"] == 1:
+            node_starts[e["name"]].append(e["ts"])
             node_ends[e["name"]].append(e["ts"] + e["dur"])
-    for ends in node_ends.values():
-        ends.sort()
+    for times in list(node_starts.values()) + list(node_ends.values()):
+        times.sort()
     hop_out, hop_back = [], []
     for (step, what, mb), evs in groups.items():
         compute = [e for e in evs if e["cat"] == "compute"]
@@ -71,7 +75,7 @@ def main():
             continue
         busy.append(total)
         span.append((end - start) / 1000)
-        dispatched = node_ends.get(f"dispatch {what}", [])
+        dispatched = node_starts.get(f"dispatch {what}", [])
         i = bisect.bisect_right(dispatched, start)
         if i > 0:
             hop_out.append((start - dispatched[i - 1]) / 1000)
@@ -111,7 +115,7 @@ def main():
     if lm_busy:
         print(f"  LM head: cards' compute added up {med(lm_busy):.1f} ms a step")
     if hop_out and hop_back:
-        print(f"hops (medians): dispatch to the first landing {med(hop_out) * 1000:.0f} us, "
+        print(f"hops (medians): dispatch's start to the first landing {med(hop_out) * 1000:.0f} us, "
               f"last reply to the end of wait+combine {med(hop_back) * 1000:.0f} us")
 
 
