@@ -49,6 +49,8 @@ struct IdleState {
     /// Asks the idle driver to give the runtime back.
     give_back: Notify,
     stop: AtomicBool,
+    /// Times the idle driver looked (a few a second; tests check that it never spins).
+    rounds: AtomicU64,
 }
 
 impl IdleState {
@@ -84,6 +86,7 @@ impl EndpointRuntime {
             driving: AtomicBool::new(false),
             give_back: Notify::new(),
             stop: AtomicBool::new(false),
+            rounds: AtomicU64::new(0),
         });
         let idle_driver = {
             let (runtime, idle) = (runtime.clone(), idle.clone());
@@ -171,9 +174,15 @@ impl Drop for EndpointRuntime {
 /// [`IDLE_AFTER`]: EndpointRuntime::IDLE_AFTER
 fn drive_while_idle(runtime: &tokio::runtime::Runtime, idle: &IdleState) {
     while !idle.stop.load(Ordering::SeqCst) {
+        idle.rounds.fetch_add(1, Ordering::Relaxed);
+        if idle.callers.load(Ordering::SeqCst) > 0 {
+            // A caller drives the runtime for as long as it waits, however long that is.
+            std::thread::park_timeout(EndpointRuntime::IDLE_AFTER);
+            continue;
+        }
         let quiet = idle.quiet_for();
-        if quiet < EndpointRuntime::IDLE_AFTER || idle.callers.load(Ordering::SeqCst) > 0 {
-            std::thread::park_timeout(EndpointRuntime::IDLE_AFTER.saturating_sub(quiet));
+        if quiet < EndpointRuntime::IDLE_AFTER {
+            std::thread::park_timeout(EndpointRuntime::IDLE_AFTER - quiet);
             continue;
         }
         idle.driving.store(true, Ordering::SeqCst);
@@ -221,6 +230,20 @@ mod tests {
                 started.elapsed()
             );
         }
+    }
+
+    #[test]
+    fn the_idle_driver_sleeps_while_a_caller_waits_long() {
+        let runtime = EndpointRuntime::new("test-sleep").expect("runtime");
+        let before = runtime.idle.rounds.load(Ordering::Relaxed);
+        // Ten idle periods long: a driver that looked again at once would count millions.
+        runtime.block_on(async { tokio::time::sleep(EndpointRuntime::IDLE_AFTER * 10).await });
+        let looked = runtime.idle.rounds.load(Ordering::Relaxed) - before;
+        assert!(looked <= 30, "the idle driver looked {looked} times");
+        // And while nobody calls at all, it drives the runtime instead of polling.
+        std::thread::sleep(EndpointRuntime::IDLE_AFTER * 10);
+        let looked = runtime.idle.rounds.load(Ordering::Relaxed) - before;
+        assert!(looked <= 40, "the idle driver looked {looked} times");
     }
 
     #[test]

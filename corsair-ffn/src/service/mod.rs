@@ -1,6 +1,8 @@
 //! The card service: a [`CardHost`] loads a shard when an attention node asks (control plane),
 //! then serves that node's per-layer messages from a JetStream inbox (data plane) on a worker
 //! thread, writing partial sums and LM-head proposals straight back into the node's region.
+//! The worker drives the card endpoint's runtime ([`jetstream::EndpointRuntime`]) while it
+//! waits and replies, so its packets wake it directly rather than through an I/O thread.
 //!
 //! The host is transport-agnostic (QUIC or in-process) and has no gRPC in it; [`grpc`] wraps it
 //! as the tonic `Card` service for multi-process deployments, and embedded deployments call it
