@@ -49,7 +49,8 @@ struct IdleState {
     /// Asks the idle driver to give the runtime back.
     give_back: Notify,
     stop: AtomicBool,
-    /// Times the idle driver looked (a few a second; tests check that it never spins).
+    /// Times the idle driver looked: at most one per `IDLE_AFTER` (a test checks that it never
+    /// spins).
     rounds: AtomicU64,
 }
 
@@ -67,9 +68,10 @@ impl IdleState {
 }
 
 impl EndpointRuntime {
-    /// How long the runtime must be left alone before the idle driver takes it over. Far below
-    /// QUIC's timers (keep-alive, idle timeout, loss probes of a few milliseconds and more), far
-    /// above the gaps between a busy endpoint's calls.
+    /// How long the runtime must be left alone before the idle driver takes it over. Below
+    /// QUIC's loss-probe timer (which includes the peer's 25 ms maximum acknowledgment delay)
+    /// and far below its keep-alive and idle timeouts; far above the gaps between a busy
+    /// endpoint's calls.
     pub const IDLE_AFTER: Duration = Duration::from_millis(20);
 
     /// Starts the runtime and its idle driver (a thread named `name`).
