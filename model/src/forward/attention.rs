@@ -141,10 +141,8 @@ impl AttentionBlock {
             .partition(|(span, _)| span.len <= ROW_KERNEL_MAX_QUERIES);
         let row_attention =
             |(span, out_rows): (&SeqSpan, &mut [f32]), scores: &mut Vec<f32>| -> Result<()> {
-                let first_key = self.first_key(span);
+                let (first_key, runs) = self.span_history(cache, layer, span)?;
                 let (a, b) = (span.start, span.start + span.len);
-                let mut runs = Vec::new();
-                cache.history(layer, span.seq, first_key..span.past + span.len, &mut runs)?;
                 let queries = SpanQueries {
                     q: &q_rows[a * q_w..b * q_w],
                     past: span.past,
@@ -155,17 +153,20 @@ impl AttentionBlock {
                 Ok(())
             };
         let threads = rayon::current_num_threads();
-        // The most keys a span's queries read: a sliding window's layers read only the window.
-        let longest = short
-            .iter()
-            .map(|(span, _)| span.past + span.len - self.first_key(span))
-            .max()
-            .unwrap_or(0);
+        // The most keys a span's queries read (a sliding window's layers read only the
+        // window); looked at last, only when the other conditions hold.
+        let longest = || {
+            short
+                .iter()
+                .map(|(span, _)| span.past + span.len - self.first_key(span))
+                .max()
+                .unwrap_or(0)
+        };
         if threads > 1
             && !short.len().is_multiple_of(threads)
             && nkv > 1
             && nh.is_multiple_of(nkv)
-            && longest * kv_w >= SPLIT_MIN_KEY_FLOATS
+            && longest() * kv_w >= SPLIT_MIN_KEY_FLOATS
         {
             // Sequences that do not share out evenly over the threads (one sequence on two,
             // three on two), with long histories: each row's key/value heads are split over
@@ -224,6 +225,20 @@ impl AttentionBlock {
         }
     }
 
+    /// The first position `span`'s queries may see, and the cached keys and values from it to
+    /// the span's last token.
+    fn span_history<'c>(
+        &self,
+        cache: &'c dyn KvCache,
+        layer: usize,
+        span: &SeqSpan,
+    ) -> Result<(usize, Vec<KvRun<'c>>)> {
+        let first_key = self.first_key(span);
+        let mut runs = Vec::new();
+        cache.history(layer, span.seq, first_key..span.past + span.len, &mut runs)?;
+        Ok((first_key, runs))
+    }
+
     /// The row attention of the `short` spans with each query row's key/value heads cut into
     /// up to `threads` ranges, every (row, range) a job of its own on the pool: the bits
     /// [`RowAttention::attend`] gives, since each head is computed whole by one job.
@@ -242,13 +257,10 @@ impl AttentionBlock {
         let ranges: Vec<Range<usize>> = (0..parts)
             .map(|p| p * nkv / parts..(p + 1) * nkv / parts)
             .collect();
-        let mut histories = Vec::with_capacity(short.len());
-        for (span, _) in &short {
-            let first_key = self.first_key(span);
-            let mut runs = Vec::new();
-            cache.history(layer, span.seq, first_key..span.past + span.len, &mut runs)?;
-            histories.push((first_key, runs));
-        }
+        let histories = short
+            .iter()
+            .map(|(span, _)| self.span_history(cache, layer, span))
+            .collect::<Result<Vec<_>>>()?;
         let mut jobs = Vec::with_capacity(histories.len() * parts);
         for ((span, out_rows), (first_key, runs)) in short.into_iter().zip(&histories) {
             for (i, row) in out_rows.chunks_exact_mut(q_w).enumerate() {
