@@ -429,8 +429,7 @@ impl EmbeddedCluster {
         // compute on its messages (see `EndpointRuntime`): a packet wakes the thread that
         // works on it, with no I/O thread between.
         let endpoint_runtime = |name: &str| -> Result<Arc<EndpointRuntime>> {
-            EndpointRuntime::new(&format!("{name}-io"))
-                .map_err(Error::system("cannot start an endpoint's runtime"))
+            EndpointRuntime::new(name).map_err(Error::system("cannot start an endpoint's runtime"))
         };
         let quic = |name: &str, runtime: &EndpointRuntime| -> Result<Arc<QuicTransport>> {
             let identity: NodeIdentity = ca

@@ -14,8 +14,8 @@
 //! while the endpoint is busy.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 pub struct EndpointRuntime {
     runtime: Option<Arc<tokio::runtime::Runtime>>,
     idle: Arc<IdleState>,
-    idle_driver: Mutex<Option<JoinHandle<()>>>,
+    idle_driver: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for EndpointRuntime {
@@ -74,8 +74,9 @@ impl EndpointRuntime {
     /// endpoint's calls.
     pub const IDLE_AFTER: Duration = Duration::from_millis(20);
 
-    /// Starts the runtime and its idle driver (a thread named `name`).
-    pub fn new(name: &str) -> std::io::Result<Arc<Self>> {
+    /// Starts the runtime for the endpoint of node `node` and its idle driver (a thread named
+    /// `<node>-io`).
+    pub fn new(node: &str) -> std::io::Result<Arc<Self>> {
         let runtime = Arc::new(
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -93,13 +94,13 @@ impl EndpointRuntime {
         let idle_driver = {
             let (runtime, idle) = (runtime.clone(), idle.clone());
             std::thread::Builder::new()
-                .name(name.to_owned())
+                .name(format!("{node}-io"))
                 .spawn(move || drive_while_idle(&runtime, &idle))?
         };
         Ok(Arc::new(EndpointRuntime {
             runtime: Some(runtime),
             idle,
-            idle_driver: Mutex::new(Some(idle_driver)),
+            idle_driver: Some(idle_driver),
         }))
     }
 
@@ -154,12 +155,7 @@ impl Drop for EndpointRuntime {
     fn drop(&mut self) {
         self.idle.stop.store(true, Ordering::SeqCst);
         self.idle.give_back.notify_one();
-        let driver = self
-            .idle_driver
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(driver) = driver {
+        if let Some(driver) = self.idle_driver.take() {
             driver.thread().unpark();
             let _ = driver.join();
         }

@@ -16,7 +16,7 @@ const LOOPBACK: std::net::SocketAddr =
 fn pair() -> [(Arc<EndpointRuntime>, Arc<QuicTransport>); 2] {
     let ca = ClusterCa::generate().expect("cluster CA");
     let bind = |name: &str| {
-        let runtime = EndpointRuntime::new(&format!("{name}-io")).expect("runtime");
+        let runtime = EndpointRuntime::new(name).expect("runtime");
         let transport = {
             let _guard = runtime.enter();
             Arc::new(

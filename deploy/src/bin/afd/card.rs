@@ -68,8 +68,7 @@ pub fn run(args: CardArgs) -> anyhow::Result<()> {
         .unwrap_or(SocketAddr::new(args.listen.ip(), 0));
     // The data plane runs on a runtime of its own, driven by the card's worker threads while
     // they wait and reply (see `EndpointRuntime`); the control plane stays on `runtime`.
-    let endpoint =
-        EndpointRuntime::new(&format!("{name}-io")).context("starting the data plane's runtime")?;
+    let endpoint = EndpointRuntime::new(&name).context("starting the data plane's runtime")?;
     let transport = {
         let _guard = endpoint.enter();
         Arc::new(QuicTransport::bind(QuicConfig::new(
