@@ -67,8 +67,13 @@ fn bf16_order_equals_its_definition_on_both_paths() {
             check_bf16::<8, 1>(format, blocks, segment, seed);
             // Fewer rows than a group: the sub-block takes what fits of 4, 2 and 1 rows.
             check_bf16::<7, 1>(format, blocks, segment, seed);
+            // Three and four inputs: bf16 rows in turn against all of them (AVX2).
+            check_bf16::<8, 4>(format, blocks, segment, seed);
+            check_bf16::<5, 3>(format, blocks, segment, seed);
         }
     }
+    // More segments than the AVX2 path's rows in turn keep: the chunked path takes them.
+    check_bf16::<8, 4>(BlockFormat::Bf16, 40, 1, 13);
 }
 
 /// Whole blocks of bf16 bits `w` against bf16 bits `x` on the path `kernel` picks.
@@ -88,6 +93,32 @@ fn blocks(w: &[u16], x: &[u16], kernel: KernelChoice) -> f32 {
         &Reduction::whole(0..w.len() / BLOCK),
         kernel,
         |_, s: &[[f32; 1]; 1]| got = s[0][0],
+    );
+    got
+}
+
+/// A card's group of 8 rows side by side (one block each) against 4 inputs: `w` and `x` hold
+/// the 8 rows' and the 4 inputs' 32 values, one after another; each sum on the path `kernel`
+/// picks.
+fn group_sums(w: &[u16], x: &[u16], kernel: KernelChoice) -> [[f32; 4]; 8] {
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let rows = BlockRows::<8>::new(
+        BlockFormat::Bf16,
+        &bytes,
+        Strides {
+            row: 64,
+            block: 8 * 64,
+        },
+        &[],
+        Strides { row: 0, block: 0 },
+    );
+    let mut got = [[0f32; 4]; 8];
+    bf16_block_sums::<8, 4>(
+        &rows,
+        &std::array::from_fn(|t| &x[t * BLOCK..]),
+        &Reduction::whole(0..1),
+        kernel,
+        |_, s: &[[f32; 4]; 8]| got = *s,
     );
     got
 }
@@ -139,6 +170,23 @@ proptest! {
         let want = bf16_partial(&values, &x, 0, 32);
         for kernel in KernelChoice::ALL {
             prop_assert_eq!(blocks(&w, &x, kernel).to_bits(), want.to_bits(), "{:?}", kernel);
+        }
+        // The same block as one row of a card's group against four inputs (the AVX2 path's
+        // rows in turn), the other rows and inputs scaled copies.
+        let scaled = |v: &[u16; 32], k: i32| -> Vec<u16> {
+            v.iter().map(|&b| round_bf16(bf16_value(b) * 2f32.powi(k))).collect()
+        };
+        let group: Vec<u16> = (0..8).flat_map(|r| scaled(&w, r % 3)).collect();
+        let inputs: Vec<u16> = (0..4).flat_map(|t| scaled(&x, t % 2)).collect();
+        for kernel in KernelChoice::ALL {
+            let got = group_sums(&group, &inputs, kernel);
+            for (r, got) in got.iter().enumerate() {
+                let row: Vec<f32> = group[r * 32..][..32].iter().map(|&b| bf16_value(b)).collect();
+                for (t, got) in got.iter().enumerate() {
+                    let want = bf16_partial(&row, &inputs[t * 32..][..32], 0, 32);
+                    prop_assert_eq!(got.to_bits(), want.to_bits(), "{:?} row {} input {}", kernel, r, t);
+                }
+            }
         }
     }
 }
