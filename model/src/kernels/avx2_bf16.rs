@@ -31,7 +31,7 @@ struct InputVectors {
 
 impl InputVectors {
     /// Room for `tokens` inputs of `blocks` blocks, reusing this thread's buffer; the caller
-    /// then [`Self::push`]es every block of input 0, then of input 1, ... (written once, not
+    /// then [`Self::widen`]s every block of input 0, then of input 1, ... (written once, not
     /// zeroed first: zeroing cost a few percent of a card's decode step).
     fn take(tokens: usize, blocks: usize) -> Self {
         let mut vectors = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
@@ -40,10 +40,34 @@ impl InputVectors {
         InputVectors { vectors, blocks }
     }
 
-    /// Appends the next block's four registers.
-    #[inline(always)]
-    fn push(&mut self, block: [__m256; 4]) {
-        self.vectors.extend_from_slice(&block);
+    /// Appends input `x`'s block `b`, widened to f32 with its odd elements first (in `layout`),
+    /// and lowers `smallest` by its magnitudes as [`watch`] does.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn widen(&mut self, x: &[u16], b: usize, layout: Layout, smallest: &mut __m256i) {
+        let block = &x[b * BLOCK..(b + 1) * BLOCK];
+        // SAFETY: `block` holds 32 values: two 32-byte loads.
+        let (lo, hi) = unsafe {
+            let p = block.as_ptr();
+            (
+                _mm256_loadu_si256(p.cast()),
+                _mm256_loadu_si256(p.add(16).cast()),
+            )
+        };
+        *smallest = watch(watch(*smallest, lo), hi);
+        let (a, b) = match layout {
+            Layout::Natural => (lo, hi),
+            Layout::Split => (
+                _mm256_permute2x128_si256::<0x20>(lo, hi),
+                _mm256_permute2x128_si256::<0x31>(lo, hi),
+            ),
+        };
+        self.vectors.extend_from_slice(&[
+            odd_of_pairs(a),
+            odd_of_pairs(b),
+            even_of_pairs(a),
+            even_of_pairs(b),
+        ]);
     }
 
     /// Where block `b` of input `t` starts: a block's 32 floats, then the next block's, as
@@ -170,28 +194,7 @@ unsafe fn rows_in_turn<const R: usize, const T: usize, const PREFETCH: bool>(
     for x in x.iter() {
         for (s, smallest) in smallest_input.iter_mut().enumerate().take(segments) {
             for b in reduction.segment_blocks(s) {
-                // SAFETY: each input holds blocks.end whole blocks (checked by the caller).
-                let (lo, hi) = unsafe {
-                    let p = x[b * BLOCK..].as_ptr();
-                    (
-                        _mm256_loadu_si256(p.cast()),
-                        _mm256_loadu_si256(p.add(16).cast()),
-                    )
-                };
-                *smallest = watch(watch(*smallest, lo), hi);
-                let (a, b) = match layout {
-                    Layout::Natural => (lo, hi),
-                    Layout::Split => (
-                        _mm256_permute2x128_si256::<0x20>(lo, hi),
-                        _mm256_permute2x128_si256::<0x31>(lo, hi),
-                    ),
-                };
-                inputs.push([
-                    odd_of_pairs(a),
-                    odd_of_pairs(b),
-                    even_of_pairs(a),
-                    even_of_pairs(b),
-                ]);
+                inputs.widen(x, b, layout, smallest);
             }
         }
     }
@@ -310,28 +313,7 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
             let mut inputs = InputVectors::take(T, chunk.len());
             for x in x.iter() {
                 for b in chunk.clone() {
-                    // SAFETY: each input holds blocks.end whole blocks (checked by the caller).
-                    let (lo, hi) = unsafe {
-                        let p = x[b * BLOCK..].as_ptr();
-                        (
-                            _mm256_loadu_si256(p.cast()),
-                            _mm256_loadu_si256(p.add(16).cast()),
-                        )
-                    };
-                    smallest = watch(watch(smallest, lo), hi);
-                    let (a, b) = match layout {
-                        Layout::Natural => (lo, hi),
-                        Layout::Split => (
-                            _mm256_permute2x128_si256::<0x20>(lo, hi),
-                            _mm256_permute2x128_si256::<0x31>(lo, hi),
-                        ),
-                    };
-                    inputs.push([
-                        odd_of_pairs(a),
-                        odd_of_pairs(b),
-                        even_of_pairs(a),
-                        even_of_pairs(b),
-                    ]);
+                    inputs.widen(x, b, layout, &mut smallest);
                 }
             }
             macro_rules! call {
