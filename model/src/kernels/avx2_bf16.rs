@@ -113,33 +113,27 @@ pub(super) unsafe fn block_sums<const R: usize, const T: usize>(
     let Some(tables) = Fp4Bytes::flushed() else {
         unreachable!("the flushed values have the exact ones' low bytes: zero");
     };
+    // The running prefetch is compiled in only where the rows ask for one and their layout
+    // has steps to take.
+    let prefetch = w.prefetch > 0 && w.prefetch_steps(reduction.blocks.end).is_some();
     macro_rules! go {
-        ($f:expr) => {
+        ($path:ident $(, $f:expr)?) => {
             // SAFETY: forwarded from the caller.
             unsafe {
-                if w.prefetch > 0 && w.prefetch_steps(reduction.blocks.end).is_some() {
-                    sums::<{ $f }, R, T, true>(w, x, reduction, tables, emit)
+                if prefetch {
+                    $path::<$({ $f },)? R, T, true>(w, x, reduction, tables, emit)
                 } else {
-                    sums::<{ $f }, R, T, false>(w, x, reduction, tables, emit)
+                    $path::<$({ $f },)? R, T, false>(w, x, reduction, tables, emit)
                 }
             }
         };
     }
     match w.format {
-        BlockFormat::Mxfp4 => go!(MXFP4),
-        BlockFormat::Mxfp4RowPairs if w.pair_offset == 1 => go!(MXFP4_PAIRS_SECOND),
-        BlockFormat::Mxfp4RowPairs => go!(MXFP4_PAIRS),
-        _ if rows_in_turn_fits::<R, T>(w, reduction) => {
-            // SAFETY: forwarded from the caller.
-            unsafe {
-                if w.prefetch > 0 && w.prefetch_steps(reduction.blocks.end).is_some() {
-                    rows_in_turn::<R, T, true>(w, x, reduction, tables, emit)
-                } else {
-                    rows_in_turn::<R, T, false>(w, x, reduction, tables, emit)
-                }
-            }
-        }
-        _ => go!(BF16),
+        BlockFormat::Mxfp4 => go!(sums, MXFP4),
+        BlockFormat::Mxfp4RowPairs if w.pair_offset == 1 => go!(sums, MXFP4_PAIRS_SECOND),
+        BlockFormat::Mxfp4RowPairs => go!(sums, MXFP4_PAIRS),
+        _ if rows_in_turn_fits::<R, T>(w, reduction) => go!(rows_in_turn),
+        _ => go!(sums, BF16),
     }
 }
 
