@@ -226,3 +226,92 @@ fn rows_of_one_quantization_are_found_evenly_spaced_from_any_block() {
         Some(blocks + 1)
     );
 }
+
+/// Row pairs spaced otherwise than in the cards' tiles (padding after each pair block and
+/// each scale byte), which the offset path leaves to the general one, give the bits of the
+/// same rows stored one by one, against 1, 2 and 4 inputs of one quantization.
+#[test]
+fn row_pairs_spaced_otherwise_than_tiles_give_the_same_bits() {
+    let blocks = 5;
+    let data = stored(blocks, 23);
+    let (standard, pairs, scales) = &data;
+    let (one, two) = rows::<GROUP>(&data, 0);
+    // Each pair block 64 bytes apart instead of 32, each scale byte 2 apart instead of 1.
+    let mut spaced = vec![0u8; 2 * pairs.len()];
+    for (i, chunk) in pairs.chunks(32).enumerate() {
+        spaced[i * 64..i * 64 + 32].copy_from_slice(chunk);
+    }
+    let mut spaced_scales = vec![0u8; 2 * scales.len()];
+    for (i, &s) in scales.iter().enumerate() {
+        spaced_scales[2 * i] = s;
+    }
+    let wide = BlockRows::<GROUP>::new(
+        BlockFormat::Mxfp4RowPairs,
+        &spaced,
+        Strides {
+            row: 64,
+            block: GROUP * 32,
+        },
+        &spaced_scales,
+        Strides {
+            row: 2,
+            block: 2 * GROUP,
+        },
+    );
+    assert_eq!(standard.len(), pairs.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::avx2_mxint8::packed;
+        assert!(packed(&two) && !packed(&wide));
+    }
+    fn sums<const T: usize>(
+        w: &BlockRows<'_, GROUP>,
+        blocks: usize,
+        kernel: KernelChoice,
+    ) -> Vec<u32> {
+        let mut q = Mxint8Input::default();
+        q.quantize(
+            &values(31, T * blocks * BLOCK),
+            T,
+            blocks * BLOCK,
+            BlockFormat::Mxfp4,
+        );
+        let xq: [Mxint8Row<'_>; T] = std::array::from_fn(|t| q.row(t));
+        let reduction = Reduction {
+            segment: 2,
+            ..Reduction::whole(0..blocks)
+        };
+        let mut got = Vec::new();
+        mxint8_block_sums::<GROUP, T>(
+            w,
+            &xq,
+            &reduction,
+            kernel,
+            |_: usize, s: &[[f32; T]; GROUP]| got.extend(s.iter().flatten().map(|v| v.to_bits())),
+        );
+        got
+    }
+    for kernel in KernelChoice::ALL {
+        for (want, got) in [
+            (
+                sums::<1>(&one, blocks, kernel),
+                sums::<1>(&wide, blocks, kernel),
+            ),
+            (
+                sums::<2>(&one, blocks, kernel),
+                sums::<2>(&wide, blocks, kernel),
+            ),
+            (
+                sums::<4>(&one, blocks, kernel),
+                sums::<4>(&wide, blocks, kernel),
+            ),
+        ] {
+            assert_eq!(got, want, "{kernel:?}");
+        }
+        assert_eq!(
+            sums::<2>(&two, blocks, kernel),
+            sums::<2>(&one, blocks, kernel),
+            "{kernel:?}"
+        );
+    }
+}
