@@ -234,7 +234,7 @@ fn rows_of_one_quantization_are_found_evenly_spaced_from_any_block() {
 fn row_pairs_spaced_otherwise_than_tiles_give_the_same_bits() {
     let blocks = 5;
     let data = stored(blocks, 23);
-    let (standard, pairs, scales) = &data;
+    let (_, pairs, scales) = &data;
     let (one, two) = rows::<GROUP>(&data, 0);
     // Each pair block 64 bytes apart instead of 32, each scale byte 2 apart instead of 1.
     let mut spaced = vec![0u8; 2 * pairs.len()];
@@ -258,7 +258,6 @@ fn row_pairs_spaced_otherwise_than_tiles_give_the_same_bits() {
             block: 2 * GROUP,
         },
     );
-    assert_eq!(standard.len(), pairs.len());
     #[cfg(target_arch = "x86_64")]
     {
         use super::avx2_mxint8::packed;
@@ -306,6 +305,7 @@ fn row_pairs_spaced_otherwise_than_tiles_give_the_same_bits() {
                 sums::<4>(&wide, blocks, kernel),
             ),
         ] {
+            assert!(!want.is_empty());
             assert_eq!(got, want, "{kernel:?}");
         }
         assert_eq!(
