@@ -19,10 +19,9 @@
 //! and `4i + 3` in lane `i`'s bytes; the input's bytes are swapped to match. The sums are the
 //! same: only which products share a lane matters, not their order inside it.
 
-use super::block::pair_place;
 use super::mxint8::{FP4_OFFSET_TIMES_TWO, FP4_TIMES_TWO, MX_LANES, Mxint8Row, SCALE_TABLE};
 use super::x86::{
-    MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, MXINT8, data_at, prefetch, second_of_pair,
+    MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, MXINT8, data_at, prefetch, second_of_pair, unit_of,
 };
 use super::{BLOCK, BlockFormat, BlockRows, Reduction, Sink};
 use std::arch::x86_64::*;
@@ -407,8 +406,8 @@ unsafe fn sub_offset<const F: u8, const RR: usize, const TT: usize, const PREFET
                 scales.add(b * w.scale_strides.block),
             );
             for r in 0..RR {
-                let unit = pair_place(r, usize::from(F == MXFP4_PAIRS_SECOND)).0;
-                u[r] = weight_integers::<F>(second_of_pair::<F>(r), d.add(unit * BLOCK), lut);
+                let at = unit_of::<F>(r) * BLOCK;
+                u[r] = weight_integers::<F>(second_of_pair::<F>(r), d.add(at), lut);
                 bytes[r] = u32::from(*sc.add(r));
             }
             for t in 0..TT {

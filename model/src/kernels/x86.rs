@@ -33,11 +33,16 @@ pub(super) fn data_at<const F: u8, const R: usize>(
     r: usize,
     b: usize,
 ) -> usize {
-    let unit = match pair_offset::<F>() {
+    unit_of::<F>(r) * w.data_strides.row + b * w.data_strides.block
+}
+
+/// The storage unit (row, or row pair) that row `r` of rows in format `F` lies in.
+#[inline(always)]
+pub(super) const fn unit_of<const F: u8>(r: usize) -> usize {
+    match pair_offset::<F>() {
         Some(offset) => pair_place(r, offset).0,
         None => r,
-    };
-    unit * w.data_strides.row + b * w.data_strides.block
+    }
 }
 
 /// Whether row `r` of rows in format `F` is the second of its pair (its high nibbles).
