@@ -70,6 +70,17 @@ impl InputVectors {
         ]);
     }
 
+    /// The first float of inputs widened block by block (block `i` of input `t` at `(i * T +
+    /// t) * BLOCK` floats), where every block of all `T` inputs has been pushed.
+    fn block_major<const T: usize>(&self) -> *const f32 {
+        assert_eq!(
+            self.vectors.len(),
+            T * self.blocks * 4,
+            "every input's blocks widened"
+        );
+        self.vectors.as_ptr().cast()
+    }
+
     /// Where block `b` of input `t` starts: a block's 32 floats, then the next block's, as
     /// `add_terms` reads them.
     #[inline(always)]
@@ -141,21 +152,23 @@ pub(super) unsafe fn block_sums<const R: usize, const T: usize>(
 /// 512-element segments); longer reductions take the chunked path.
 const MAX_SEGMENTS_IN_TURN: usize = 32;
 
-/// Whether [`rows_in_turn`] takes these rows: three or four inputs over bf16 rows whose blocks
+/// Whether [`rows_in_turn`] takes these rows: two to four inputs over bf16 rows whose blocks
 /// lie side by side (a card's row group), not a row-major matrix, which the chunked path reads
-/// row by row with its own prefetch. Two inputs stay on the chunked path's two-row sub-blocks:
-/// GPT-OSS-20B's bf16 expert at 2 tokens took 6.7 ms a call this way against 6.2 there.
+/// row by row with its own prefetch. Two inputs took the chunked path's two-row sub-blocks
+/// until [`SpreadPrefetch`]: GPT-OSS-20B's bf16 expert at 2 tokens (bench_expert, bf16 inputs,
+/// Zen 3 VM, alternated three times) now takes 4.41-4.46 ms a call here against 5.68-6.01
+/// there, one thread, and 2.18-2.27 against 2.91-2.95 on two.
 fn rows_in_turn_fits<const R: usize, const T: usize>(
     w: &BlockRows<'_, R>,
     reduction: &Reduction,
 ) -> bool {
-    T >= 3
+    T >= 2
         && w.format == BlockFormat::Bf16
         && w.data_strides.block != BLOCK * 2
         && reduction.segments() <= MAX_SEGMENTS_IN_TURN
 }
 
-/// Three or four inputs over bf16 rows side by side: the inputs are widened once for the whole
+/// Two to four inputs over bf16 rows side by side: the inputs are widened once for the whole
 /// reduction, then in each segment every row in turn runs over the segment's blocks against
 /// all of them, its accumulators in registers (one row x four inputs: eight, with the row's
 /// block in four more). The chunked path ([`sums`]) widened the inputs again for every register
@@ -163,10 +176,11 @@ fn rows_in_turn_fits<const R: usize, const T: usize>(
 /// row's sums are the same bits: its blocks are added in the same order, into the same lanes,
 /// and folded per segment the same way.
 ///
-/// The first row's pass over a segment prefetches the whole run of each block (every row of the
-/// group), so the later rows find the segment in cache. Rows taken whole one after another
-/// (each over every segment) read the group in as many strided passes, and were slower (9.6-10
-/// against 8.7-8.8 ms a call at 4 tokens).
+/// The next segment's run is asked for a line at a time across every row's pass
+/// ([`SpreadPrefetch`]), so the later rows find their segment in cache and the memory never
+/// waits for the first row. Rows taken whole one after another (each over every segment) read
+/// the group in as many strided passes, and were slower (9.6-10 against 8.7-8.8 ms a call at 4
+/// tokens).
 ///
 /// # Safety
 /// As [`block_sums`].
@@ -182,27 +196,30 @@ unsafe fn rows_in_turn<const R: usize, const T: usize, const PREFETCH: bool>(
     let blocks = reduction.blocks.clone();
     let segments = reduction.segments();
     let zero = _mm256_setzero_ps();
-    // Every input's blocks widened, and each segment's smallest input magnitude.
+    // Every input's blocks widened, block by block (block `i` of input `t` at `(i * T + t) *
+    // BLOCK` floats: one pointer for all inputs, where one each did not fit in registers), and
+    // each segment's smallest input magnitude.
     let mut inputs = InputVectors::take(T, blocks.len());
     let mut smallest_input = [_mm256_set1_epi16(-1); MAX_SEGMENTS_IN_TURN];
-    for x in x.iter() {
-        for (s, smallest) in smallest_input.iter_mut().enumerate().take(segments) {
-            for b in reduction.segment_blocks(s) {
+    for (s, smallest) in smallest_input.iter_mut().enumerate().take(segments) {
+        for b in reduction.segment_blocks(s) {
+            for x in x.iter() {
                 inputs.widen(x, b, layout, smallest);
             }
         }
     }
-    let xs: [*const f32; T] = std::array::from_fn(|t| inputs.at(t, 0));
+    let xs = inputs.block_major::<T>();
     let steps = w.prefetch_steps(reduction.blocks.end).unwrap_or((0, 0));
     let (data, scales) = (w.data.as_ptr(), w.scales.as_ptr());
     for (s, smallest_input) in smallest_input.iter().enumerate().take(segments) {
         let mut sums = [[0f32; T]; R];
         let mut smallest_weight = _mm256_set1_epi16(-1);
+        let mut ahead = SpreadPrefetch::new::<R>(reduction, s, steps.0);
         for (r, sums) in sums.iter_mut().enumerate() {
             let mut acc = [[zero; 2]; T];
             for b in reduction.segment_blocks(s) {
-                if PREFETCH && r == 0 {
-                    prefetch::<BF16, R>(w, data, scales, steps, b);
+                if PREFETCH {
+                    ahead.turn(data);
                 }
                 // SAFETY: block b of every row is inside `data` (checked by the caller), and
                 // `inputs` holds every block of every input.
@@ -214,9 +231,9 @@ unsafe fn rows_in_turn<const R: usize, const T: usize, const PREFETCH: bool>(
                         tables,
                         &mut smallest_weight,
                     );
-                    let i = b - blocks.start;
-                    for (acc, x) in acc.iter_mut().zip(&xs) {
-                        add_terms::<Fused>(acc, &d, x.add(i * BLOCK));
+                    let x = xs.add((b - blocks.start) * T * BLOCK);
+                    for (t, acc) in acc.iter_mut().enumerate() {
+                        add_terms::<Fused>(acc, &d, x.add(t * BLOCK));
                     }
                 }
             }
@@ -230,6 +247,53 @@ unsafe fn rows_in_turn<const R: usize, const T: usize, const PREFETCH: bool>(
             emit.segment(s, &sums);
         } else {
             emit.segment(s, &portable_segment(w, x, reduction, s));
+        }
+    }
+}
+
+/// The prefetch of [`rows_in_turn`]: while the rows take their turns over one segment, the run
+/// of the next one (past the last segment, a run as long as the first one past the
+/// reduction's end: the next row group's start, where groups lie one after another as in the
+/// card's tiles) is asked for a little at every row's block, so that the memory stays busy
+/// while the later rows compute from cache. Asked for all at once in the first row's pass, as a
+/// running prefetch ahead of it, it came in bursts that the cache's queue of misses could not
+/// take, and the memory stood idle through the other rows' passes: GPT-OSS-20B's bf16 expert
+/// at 4 bf16 tokens (bench_expert, Zen 3 VM, alternated three times) took 6.92-7.27 ms a call
+/// that way and 5.63-5.82 this way on one thread, 3.67-3.82 and 2.99-3.04 on two.
+struct SpreadPrefetch {
+    /// The next byte to ask for, from the rows' base.
+    at: usize,
+    /// The run's end.
+    end: usize,
+    /// Bytes asked for at each turn (whole lines).
+    per_turn: usize,
+}
+
+impl SpreadPrefetch {
+    /// The run to fetch during segment `s`, over `R` rows whose blocks are `step` bytes apart.
+    fn new<const R: usize>(reduction: &Reduction, s: usize, step: usize) -> Self {
+        let this = reduction.segment_blocks(s);
+        let next_blocks = if s + 1 < reduction.segments() {
+            reduction.segment_blocks(s + 1).len()
+        } else {
+            reduction.segment_blocks(0).len()
+        };
+        let bytes = next_blocks * step;
+        SpreadPrefetch {
+            at: this.end * step,
+            end: this.end * step + bytes,
+            per_turn: bytes.div_ceil((R * this.len()).max(1)).next_multiple_of(64),
+        }
+    }
+
+    /// One row's turn at one block: asks for the next share of the run.
+    #[inline(always)]
+    fn turn(&mut self, data: *const u8) {
+        let to = (self.at + self.per_turn).min(self.end);
+        while self.at < to {
+            // SAFETY: SSE is part of x86-64, and a prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.wrapping_add(self.at).cast()) };
+            self.at += 64;
         }
     }
 }

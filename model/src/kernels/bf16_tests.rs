@@ -67,7 +67,8 @@ fn bf16_order_equals_its_definition_on_both_paths() {
             check_bf16::<8, 1>(format, blocks, segment, seed);
             // Fewer rows than a group: the sub-block takes what fits of 4, 2 and 1 rows.
             check_bf16::<7, 1>(format, blocks, segment, seed);
-            // Three and four inputs: bf16 rows in turn against all of them (AVX2).
+            // Two to four inputs: bf16 rows in turn against all of them (AVX2).
+            check_bf16::<8, 2>(format, blocks, segment, seed);
             check_bf16::<8, 4>(format, blocks, segment, seed);
             check_bf16::<5, 3>(format, blocks, segment, seed);
         }
