@@ -211,31 +211,32 @@ unsafe fn rows_in_turn<const R: usize, const T: usize, const PREFETCH: bool>(
     let xs = inputs.block_major::<T>();
     let steps = w.prefetch_steps(reduction.blocks.end).unwrap_or((0, 0));
     let (data, scales) = (w.data.as_ptr(), w.scales.as_ptr());
+    let block_step = w.data_strides.block;
     for (s, smallest_input) in smallest_input.iter().enumerate().take(segments) {
         let mut sums = [[0f32; T]; R];
         let mut smallest_weight = _mm256_set1_epi16(-1);
         let mut ahead = SpreadPrefetch::new::<R>(reduction, s, steps.0);
+        let segment = reduction.segment_blocks(s);
         for (r, sums) in sums.iter_mut().enumerate() {
             let mut acc = [[zero; 2]; T];
-            for b in reduction.segment_blocks(s) {
+            // The row's block and the inputs' blocks, stepped through the segment (an offset
+            // worked out again each block cost a multiply and reloads of spilled values).
+            let mut wp = data.wrapping_add(data_at::<BF16, R>(w, r, segment.start));
+            let mut xp = xs.wrapping_add((segment.start - blocks.start) * T * BLOCK);
+            for _ in segment.clone() {
                 if PREFETCH {
                     ahead.turn(data);
                 }
-                // SAFETY: block b of every row is inside `data` (checked by the caller), and
-                // `inputs` holds every block of every input.
+                // SAFETY: `wp` is at one of the segment's blocks of row r, inside `data`
+                // (checked by the caller), and `xp` at that block of every input.
                 unsafe {
-                    let d = decode::<BF16>(
-                        false,
-                        data.add(data_at::<BF16, R>(w, r, b)),
-                        scales,
-                        tables,
-                        &mut smallest_weight,
-                    );
-                    let x = xs.add((b - blocks.start) * T * BLOCK);
+                    let d = decode::<BF16>(false, wp, scales, tables, &mut smallest_weight);
                     for (t, acc) in acc.iter_mut().enumerate() {
-                        add_terms::<Fused>(acc, &d, x.add(t * BLOCK));
+                        add_terms::<Fused>(acc, &d, xp.add(t * BLOCK));
                     }
                 }
+                wp = wp.wrapping_add(block_step);
+                xp = xp.wrapping_add(T * BLOCK);
             }
             *sums = fold_block(&[acc], layout)[0];
         }
@@ -289,11 +290,17 @@ impl SpreadPrefetch {
     /// One row's turn at one block: asks for the next share of the run.
     #[inline(always)]
     fn turn(&mut self, data: *const u8) {
-        let to = (self.at + self.per_turn).min(self.end);
-        while self.at < to {
+        if self.at >= self.end {
+            return;
+        }
+        let to = self.at + self.per_turn;
+        loop {
             // SAFETY: SSE is part of x86-64, and a prefetch never faults, whatever the address.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(data.wrapping_add(self.at).cast()) };
             self.at += 64;
+            if self.at >= to {
+                break;
+            }
         }
     }
 }
