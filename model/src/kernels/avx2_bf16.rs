@@ -156,8 +156,8 @@ const MAX_SEGMENTS_IN_TURN: usize = 32;
 /// lie side by side (a card's row group), not a row-major matrix, which the chunked path reads
 /// row by row with its own prefetch. Two inputs took the chunked path's two-row sub-blocks
 /// until [`SpreadPrefetch`]: GPT-OSS-20B's bf16 expert at 2 tokens (bench_expert, bf16 inputs,
-/// Zen 3 VM, alternated three times) now takes 4.41-4.46 ms a call here against 5.68-6.01
-/// there, one thread, and 2.18-2.27 against 2.91-2.95 on two.
+/// Zen 3 VM) now takes 4.41-4.46 ms a call here against 5.68-6.01 there on one thread
+/// (alternated three times), and 2.18-2.27 against 2.91-2.95 on two (twice).
 fn rows_in_turn_fits<const R: usize, const T: usize>(
     w: &BlockRows<'_, R>,
     reduction: &Reduction,
@@ -259,8 +259,8 @@ unsafe fn rows_in_turn<const R: usize, const T: usize, const PREFETCH: bool>(
 /// while the later rows compute from cache. Asked for all at once in the first row's pass, as a
 /// running prefetch ahead of it, it came in bursts that the cache's queue of misses could not
 /// take, and the memory stood idle through the other rows' passes: GPT-OSS-20B's bf16 expert
-/// at 4 bf16 tokens (bench_expert, Zen 3 VM, alternated three times) took 6.92-7.27 ms a call
-/// that way and 5.63-5.82 this way on one thread, 3.67-3.82 and 2.99-3.04 on two.
+/// at 4 bf16 tokens (bench_expert, Zen 3 VM) took 6.92-7.27 ms a call that way and 5.63-5.82
+/// this way on one thread (alternated six times), 3.67-3.82 and 2.99-3.04 on two (twice).
 struct SpreadPrefetch {
     /// The next byte to ask for, from the rows' base.
     at: usize,
