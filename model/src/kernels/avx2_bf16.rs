@@ -22,7 +22,9 @@ use super::{BLOCK, BlockFormat, BlockRows, Paired as Fused, Reduction, Sink};
 use std::arch::x86_64::*;
 
 /// Four registers per block and input, in the order the multiply-adds take them: the first
-/// term's two registers, then the second's; inputs `[t][b]` at `((t * blocks) + b) * 4`.
+/// term's two registers, then the second's. Widened input by input, block `b` of input `t` is
+/// at `((t * blocks) + b) * 4` ([`Self::at`]); block by block, at `((b * tokens) + t) * 4`
+/// ([`Self::block_major`]).
 struct InputVectors {
     vectors: Vec<__m256>,
     /// Blocks per input.
@@ -31,8 +33,9 @@ struct InputVectors {
 
 impl InputVectors {
     /// Room for `tokens` inputs of `blocks` blocks, reusing this thread's buffer; the caller
-    /// then [`Self::widen`]s every block of input 0, then of input 1, ... (written once, not
-    /// zeroed first: zeroing cost a few percent of a card's decode step).
+    /// then [`Self::widen`]s every block of input 0, then of input 1, ..., or block 0 of every
+    /// input, then block 1, ... (written once, not zeroed first: zeroing cost a few percent of a
+    /// card's decode step).
     fn take(tokens: usize, blocks: usize) -> Self {
         let mut vectors = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
         vectors.clear();
@@ -81,8 +84,8 @@ impl InputVectors {
         self.vectors.as_ptr().cast()
     }
 
-    /// Where block `b` of input `t` starts: a block's 32 floats, then the next block's, as
-    /// `add_terms` reads them.
+    /// Where block `b` of input `t` starts, the inputs widened input by input: a block's 32
+    /// floats, then the next block's, as `add_terms` reads them.
     #[inline(always)]
     fn at(&self, t: usize, b: usize) -> *const f32 {
         // The kernels read all of input t's blocks from here: every one must have been pushed.
@@ -287,7 +290,9 @@ impl SpreadPrefetch {
         }
     }
 
-    /// One row's turn at one block: asks for the next share of the run.
+    /// One row's turn at one block: asks for the next share of the run (the last share may
+    /// reach past the run's end by less than a share, which is harmless: a prefetch never
+    /// faults).
     #[inline(always)]
     fn turn(&mut self, data: *const u8) {
         if self.at >= self.end {
