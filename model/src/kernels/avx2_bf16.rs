@@ -16,6 +16,7 @@ use super::avx2::{
     Block, Fp4Bytes, Layout, add_terms, even_of_pairs, fold_block, layout, lookup, odd_of_pairs,
     pair_nibbles, row_nibbles, row_pairs, sub_blocks, sub_rows_for,
 };
+use super::avx2_bf16_rows::{row_chunks, row_chunks_fit, rows_in_turn, rows_in_turn_fits};
 use super::bf16::portable_segment;
 use super::x86::{BF16, MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, data_at, prefetch, second_of_pair};
 use super::{BLOCK, BlockFormat, BlockRows, Paired as Fused, Reduction, Sink};
@@ -25,7 +26,7 @@ use std::arch::x86_64::*;
 /// term's two registers, then the second's. Widened input by input, block `b` of input `t` is
 /// at `((t * blocks) + b) * 4` ([`Self::at`]); block by block, at `((b * tokens) + t) * 4`
 /// ([`Self::block_major`]).
-struct InputVectors {
+pub(super) struct InputVectors {
     vectors: Vec<__m256>,
     /// Blocks per input.
     blocks: usize,
@@ -36,7 +37,7 @@ impl InputVectors {
     /// then [`Self::widen`]s every block of input 0, then of input 1, ..., or block 0 of every
     /// input, then block 1, ... (written once, not zeroed first: zeroing cost a few percent of a
     /// card's decode step).
-    fn take(tokens: usize, blocks: usize) -> Self {
+    pub(super) fn take(tokens: usize, blocks: usize) -> Self {
         let mut vectors = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
         vectors.clear();
         vectors.reserve(tokens * blocks * 4);
@@ -47,7 +48,7 @@ impl InputVectors {
     /// and lowers `smallest` by its magnitudes as [`watch`] does.
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn widen(&mut self, x: &[u16], b: usize, layout: Layout, smallest: &mut __m256i) {
+    pub(super) fn widen(&mut self, x: &[u16], b: usize, layout: Layout, smallest: &mut __m256i) {
         let block = &x[b * BLOCK..(b + 1) * BLOCK];
         // SAFETY: `block` holds 32 values: two 32-byte loads.
         let (lo, hi) = unsafe {
@@ -75,7 +76,7 @@ impl InputVectors {
 
     /// The first float of inputs widened block by block (block `i` of input `t` at `(i * T +
     /// t) * BLOCK` floats), where every block of all `T` inputs has been pushed.
-    fn block_major<const T: usize>(&self) -> *const f32 {
+    pub(super) fn block_major<const T: usize>(&self) -> *const f32 {
         assert_eq!(
             self.vectors.len(),
             T * self.blocks * 4,
@@ -147,166 +148,9 @@ pub(super) unsafe fn block_sums<const R: usize, const T: usize>(
         BlockFormat::Mxfp4RowPairs if w.pair_offset == 1 => go!(sums, MXFP4_PAIRS_SECOND),
         BlockFormat::Mxfp4RowPairs => go!(sums, MXFP4_PAIRS),
         _ if rows_in_turn_fits::<R, T>(w, reduction) => go!(rows_in_turn),
+        // SAFETY: forwarded from the caller.
+        _ if row_chunks_fit::<R, T>(w) => unsafe { row_chunks(w, x, reduction, tables, emit) },
         _ => go!(sums, BF16),
-    }
-}
-
-/// Most segments [`rows_in_turn`] keeps sums of (a 16,384-column reduction in the card's
-/// 512-element segments); longer reductions take the chunked path.
-const MAX_SEGMENTS_IN_TURN: usize = 32;
-
-/// Whether [`rows_in_turn`] takes these rows: two to four inputs over bf16 rows whose blocks
-/// lie side by side (a card's row group), not a row-major matrix, which the chunked path reads
-/// row by row with its own prefetch. Two inputs took the chunked path's two-row sub-blocks
-/// until [`SpreadPrefetch`]: GPT-OSS-20B's bf16 expert at 2 tokens (bench_expert, bf16 inputs,
-/// Zen 3 VM) now takes 4.41-4.46 ms a call here against 5.68-6.01 there on one thread
-/// (alternated three times), and 2.18-2.27 against 2.91-2.95 on two (twice).
-fn rows_in_turn_fits<const R: usize, const T: usize>(
-    w: &BlockRows<'_, R>,
-    reduction: &Reduction,
-) -> bool {
-    T >= 2
-        && w.format == BlockFormat::Bf16
-        && w.data_strides.block != BLOCK * 2
-        && reduction.segments() <= MAX_SEGMENTS_IN_TURN
-}
-
-/// Two to four inputs over bf16 rows side by side: the inputs are widened once for the whole
-/// reduction, then in each segment every row in turn runs over the segment's blocks against
-/// all of them, its accumulators in registers (one row x four inputs: eight, with the row's
-/// block in four more). The chunked path ([`sums`]) widened the inputs again for every register
-/// block and 16-block chunk, and carried each sub-block's accumulators through memory. Each
-/// row's sums are the same bits: its blocks are added in the same order, into the same lanes,
-/// and folded per segment the same way.
-///
-/// The next segment's run is asked for a line at a time across every row's pass
-/// ([`SpreadPrefetch`]), so the later rows find their segment in cache and the memory never
-/// waits for the first row. Rows taken whole one after another (each over every segment) read
-/// the group in as many strided passes, and were slower (9.6-10 against 8.7-8.8 ms a call at 4
-/// tokens).
-///
-/// # Safety
-/// As [`block_sums`].
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_in_turn<const R: usize, const T: usize, const PREFETCH: bool>(
-    w: &BlockRows<'_, R>,
-    x: &[&[u16]; T],
-    reduction: &Reduction,
-    tables: &Fp4Bytes,
-    mut emit: impl Sink<R, T>,
-) {
-    let layout = layout::<BF16>(true);
-    let blocks = reduction.blocks.clone();
-    let segments = reduction.segments();
-    let zero = _mm256_setzero_ps();
-    // Every input's blocks widened, block by block (block `i` of input `t` at `(i * T + t) *
-    // BLOCK` floats: one pointer for all inputs, where one each did not fit in registers), and
-    // each segment's smallest input magnitude.
-    let mut inputs = InputVectors::take(T, blocks.len());
-    let mut smallest_input = [_mm256_set1_epi16(-1); MAX_SEGMENTS_IN_TURN];
-    for (s, smallest) in smallest_input.iter_mut().enumerate().take(segments) {
-        for b in reduction.segment_blocks(s) {
-            for x in x.iter() {
-                inputs.widen(x, b, layout, smallest);
-            }
-        }
-    }
-    let xs = inputs.block_major::<T>();
-    let steps = w.prefetch_steps(reduction.blocks.end).unwrap_or((0, 0));
-    let (data, scales) = (w.data.as_ptr(), w.scales.as_ptr());
-    let block_step = w.data_strides.block;
-    for (s, smallest_input) in smallest_input.iter().enumerate().take(segments) {
-        let mut sums = [[0f32; T]; R];
-        let mut smallest_weight = _mm256_set1_epi16(-1);
-        let mut ahead = SpreadPrefetch::new::<R>(reduction, s, steps.0);
-        let segment = reduction.segment_blocks(s);
-        for (r, sums) in sums.iter_mut().enumerate() {
-            let mut acc = [[zero; 2]; T];
-            // The row's block and the inputs' blocks, stepped through the segment (an offset
-            // worked out again each block cost a multiply and reloads of spilled values).
-            let mut wp = data.wrapping_add(data_at::<BF16, R>(w, r, segment.start));
-            let mut xp = xs.wrapping_add((segment.start - blocks.start) * T * BLOCK);
-            for _ in segment.clone() {
-                if PREFETCH {
-                    ahead.turn(data);
-                }
-                // SAFETY: `wp` is at one of the segment's blocks of row r, inside `data`
-                // (checked by the caller), and `xp` at that block of every input.
-                unsafe {
-                    let d = decode::<BF16>(false, wp, scales, tables, &mut smallest_weight);
-                    for (t, acc) in acc.iter_mut().enumerate() {
-                        add_terms::<Fused>(acc, &d, xp.add(t * BLOCK));
-                    }
-                }
-                wp = wp.wrapping_add(block_step);
-                xp = xp.wrapping_add(T * BLOCK);
-            }
-            *sums = fold_block(&[acc], layout)[0];
-        }
-        let plain = segment_is_plain(
-            smallest_exponent(*smallest_input),
-            smallest_exponent(smallest_weight),
-        );
-        if plain {
-            emit.segment(s, &sums);
-        } else {
-            emit.segment(s, &portable_segment(w, x, reduction, s));
-        }
-    }
-}
-
-/// The prefetch of [`rows_in_turn`]: while the rows take their turns over one segment, the run
-/// of the next one (past the last segment, a run as long as the first one past the
-/// reduction's end: the next row group's start, where groups lie one after another as in the
-/// card's tiles) is asked for a little at every row's block, so that the memory stays busy
-/// while the later rows compute from cache. Asked for all at once in the first row's pass, as a
-/// running prefetch ahead of it, it came in bursts that the cache's queue of misses could not
-/// take, and the memory stood idle through the other rows' passes: GPT-OSS-20B's bf16 expert
-/// at 4 bf16 tokens (bench_expert, Zen 3 VM) took 6.92-7.27 ms a call that way and 5.63-5.82
-/// this way on one thread (alternated six times), 3.67-3.82 and 2.99-3.04 on two (twice).
-struct SpreadPrefetch {
-    /// The next byte to ask for, from the rows' base.
-    at: usize,
-    /// The run's end.
-    end: usize,
-    /// Bytes asked for at each turn (whole lines).
-    per_turn: usize,
-}
-
-impl SpreadPrefetch {
-    /// The run to fetch during segment `s`, over `R` rows whose blocks are `step` bytes apart.
-    fn new<const R: usize>(reduction: &Reduction, s: usize, step: usize) -> Self {
-        let this = reduction.segment_blocks(s);
-        let next_blocks = if s + 1 < reduction.segments() {
-            reduction.segment_blocks(s + 1).len()
-        } else {
-            reduction.segment_blocks(0).len()
-        };
-        let bytes = next_blocks * step;
-        SpreadPrefetch {
-            at: this.end * step,
-            end: this.end * step + bytes,
-            per_turn: bytes.div_ceil((R * this.len()).max(1)).next_multiple_of(64),
-        }
-    }
-
-    /// One row's turn at one block: asks for the next share of the run (the last share may
-    /// reach past the run's end by less than a share, which is harmless: a prefetch never
-    /// faults).
-    #[inline(always)]
-    fn turn(&mut self, data: *const u8) {
-        if self.at >= self.end {
-            return;
-        }
-        let to = self.at + self.per_turn;
-        loop {
-            // SAFETY: SSE is part of x86-64, and a prefetch never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.wrapping_add(self.at).cast()) };
-            self.at += 64;
-            if self.at >= to {
-                break;
-            }
-        }
     }
 }
 
@@ -315,7 +159,7 @@ impl SpreadPrefetch {
 /// `Some(0)` when one was below the normal range.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn smallest_exponent(min: __m256i) -> Option<u32> {
+pub(super) fn smallest_exponent(min: __m256i) -> Option<u32> {
     let both = _mm_min_epu16(
         _mm256_castsi256_si128(min),
         _mm256_extracti128_si256::<1>(min),
@@ -334,7 +178,7 @@ fn watch(min: __m256i, v: __m256i) -> __m256i {
 
 /// Whether a segment whose smallest nonzero input and weight magnitudes have these biased
 /// exponents (`None`: all zero) takes the plain fused multiply-adds (see the module docs).
-fn segment_is_plain(input: Option<u32>, weight: Option<u32>) -> bool {
+pub(super) fn segment_is_plain(input: Option<u32>, weight: Option<u32>) -> bool {
     match (input, weight) {
         (Some(x), Some(w)) => x >= 1 && w >= 1 && x + w >= PLAIN_EXPONENTS,
         _ => true,
@@ -355,16 +199,6 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
     let steps = w.prefetch_steps(reduction.blocks.end).unwrap_or((0, 0));
     let rows_first = w.rows_first::<T>();
     let zero = _mm256_setzero_ps();
-    // Rows of a row-major bf16 matrix read in chunks: each row's next chunk is requested as
-    // its current one is read (the register block's rows are as many short streams, which the
-    // hardware prefetcher left at 12.5-13 GB/s, 15.2-17 with this, where one stream of one
-    // token took 28-30: a 16,384 x 2,880 matrix against 4 tokens on a Zen 3 VM, two threads;
-    // two chunks ahead did no better).
-    let row_ahead = if F == BF16 && !rows_first && w.data_strides.block == BLOCK * 2 {
-        CHUNK_BLOCKS * BLOCK * 2
-    } else {
-        0
-    };
     for s in 0..reduction.segments() {
         let segment = reduction.segment_blocks(s);
         // Every row x input's 16 lanes, carried from one chunk of the segment to the next.
@@ -389,12 +223,11 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
             macro_rules! call {
                 ($rr:literal, $tt:literal, $r0:expr, $t0:expr) => {{
                     let view = w.rows_from::<$rr>($r0);
-                    let fresh = $r0 == 0 && $t0 == 0 && row_ahead == 0;
+                    let fresh = $r0 == 0 && $t0 == 0;
                     let shape = Shape {
                         steps,
                         rows_first,
                         fresh,
-                        row_ahead,
                     };
                     let mut part = [[[zero; 2]; $tt]; $rr];
                     for (r, part) in part.iter_mut().enumerate() {
@@ -453,9 +286,6 @@ struct Shape {
     rows_first: bool,
     /// Whether this sub-block starts the register block (and runs its prefetch).
     fresh: bool,
-    /// Bytes ahead of each block that the row reading it asks the cache for (0: none), in
-    /// place of the register block's prefetch.
-    row_ahead: usize,
 }
 
 /// The block at `data` with its odd elements first (MXFP4: scale byte at `scale`; a row pair's
@@ -466,7 +296,7 @@ struct Shape {
 /// The block's bytes (and its scale byte, for MXFP4) must be readable; AVX2 must be available.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn decode<const F: u8>(
+pub(super) unsafe fn decode<const F: u8>(
     second: bool,
     data: *const u8,
     scale: *const u8,
@@ -558,11 +388,6 @@ unsafe fn sub<const F: u8, const RR: usize, const TT: usize, const PREFETCH: boo
                 prefetch::<F, RR>(w, data, scales, shape.steps, b);
             }
             for (r, acc) in acc.iter_mut().enumerate() {
-                if shape.row_ahead > 0 {
-                    // A prefetch never faults, whatever the address.
-                    let at = data.wrapping_add(data_at::<F, RR>(w, r, b) + shape.row_ahead);
-                    _mm_prefetch::<_MM_HINT_T0>(at.cast());
-                }
                 let d = row!(r, b);
                 for (t, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: as above.

@@ -4,8 +4,9 @@ use crate::weights::WeightMatrix;
 use proptest::prelude::*;
 
 /// `R` rows x `T` inputs of `format` over `blocks` blocks, rows interleaved block by block
-/// (the card's tile layout), in segments of `segment` blocks: each path's sums against
-/// [`bf16_partial`] of the decoded values and the rounded inputs, segment by segment.
+/// (the card's tile layout) and then one after another (a row-major matrix), in segments of
+/// `segment` blocks: each path's sums against [`bf16_partial`] of the decoded values and the
+/// rounded inputs, segment by segment.
 fn check_bf16<const R: usize, const T: usize>(
     format: BlockFormat,
     blocks: usize,
@@ -13,36 +14,41 @@ fn check_bf16<const R: usize, const T: usize>(
     seed: u64,
 ) {
     let stored = InterleavedRows::with_rows(R, format, false, blocks, seed);
+    let row_major = stored.row_major();
     let rows = &stored.rows;
     let x: [Vec<u16>; T] = std::array::from_fn(|t| {
         let mut xb = Vec::new();
         round_rows(&values(seed + 10 + t as u64, blocks * BLOCK), &mut xb);
         xb
     });
-    let w = stored.block_rows::<R>();
     let reduction = Reduction {
         segment,
         ..Reduction::whole(0..blocks)
     };
-    for kernel in KernelChoice::ALL {
-        let mut got = vec![[[0f32; T]; R]; reduction.segments()];
-        bf16_block_sums::<R, T>(
-            &w,
-            &std::array::from_fn(|t| x[t].as_slice()),
-            &reduction,
-            kernel,
-            |s: usize, sums: &[[f32; T]; R]| got[s] = *sums,
-        );
-        for (s, got) in got.iter().enumerate() {
-            let (start, end) = (s * segment * BLOCK, ((s + 1) * segment).min(blocks) * BLOCK);
-            for (r, (natural, _, _)) in rows.iter().enumerate() {
-                for (t, x) in x.iter().enumerate() {
-                    let want = bf16_partial(natural, x, start, end);
-                    assert_eq!(
-                        got[r][t].to_bits(),
-                        want.to_bits(),
-                        "{format:?} {kernel:?} segment {s} row {r} input {t}"
-                    );
+    for (layout, w) in [
+        ("tile", stored.block_rows::<R>()),
+        ("row-major", stored.row_major_rows::<R>(&row_major)),
+    ] {
+        for kernel in KernelChoice::ALL {
+            let mut got = vec![[[0f32; T]; R]; reduction.segments()];
+            bf16_block_sums::<R, T>(
+                &w,
+                &std::array::from_fn(|t| x[t].as_slice()),
+                &reduction,
+                kernel,
+                |s: usize, sums: &[[f32; T]; R]| got[s] = *sums,
+            );
+            for (s, got) in got.iter().enumerate() {
+                let (start, end) = (s * segment * BLOCK, ((s + 1) * segment).min(blocks) * BLOCK);
+                for (r, (natural, _, _)) in rows.iter().enumerate() {
+                    for (t, x) in x.iter().enumerate() {
+                        let want = bf16_partial(natural, x, start, end);
+                        assert_eq!(
+                            got[r][t].to_bits(),
+                            want.to_bits(),
+                            "{format:?} {layout} {kernel:?} segment {s} row {r} input {t}"
+                        );
+                    }
                 }
             }
         }
@@ -67,10 +73,12 @@ fn bf16_order_equals_its_definition_on_both_paths() {
             check_bf16::<8, 1>(format, blocks, segment, seed);
             // Fewer rows than a group: the sub-block takes what fits of 4, 2 and 1 rows.
             check_bf16::<7, 1>(format, blocks, segment, seed);
-            // Two to four inputs: bf16 rows in turn against all of them (AVX2).
+            // Two to four inputs: bf16 rows in turn against all of them (AVX2); row-major,
+            // in chunks of rows against all of them, a row ahead prefetched past the last.
             check_bf16::<8, 2>(format, blocks, segment, seed);
             check_bf16::<8, 4>(format, blocks, segment, seed);
             check_bf16::<5, 3>(format, blocks, segment, seed);
+            check_bf16::<32, 4>(format, blocks, segment, seed);
         }
     }
     // More segments than the AVX2 path's rows in turn keep: the chunked path takes them.
@@ -98,18 +106,17 @@ fn blocks(w: &[u16], x: &[u16], kernel: KernelChoice) -> f32 {
     got
 }
 
-/// A card's group of 8 rows side by side (one block each) against 4 inputs: `w` and `x` hold
-/// the 8 rows' and the 4 inputs' 32 values, one after another; each sum on the path `kernel`
-/// picks.
-fn group_sums(w: &[u16], x: &[u16], kernel: KernelChoice) -> [[f32; 4]; 8] {
+/// A card's group of 8 rows side by side (one block each), or the same 8 rows of a row-major
+/// matrix (`row_major`), against 4 inputs: `w` and `x` hold the 8 rows' and the 4 inputs' 32
+/// values, one after another; each sum on the path `kernel` picks.
+fn group_sums(w: &[u16], x: &[u16], row_major: bool, kernel: KernelChoice) -> [[f32; 4]; 8] {
     let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    // One block a row: the same bytes either way, read with the layout's strides.
+    let block = if row_major { 64 } else { 8 * 64 };
     let rows = BlockRows::<8>::new(
         BlockFormat::Bf16,
         &bytes,
-        Strides {
-            row: 64,
-            block: 8 * 64,
-        },
+        Strides { row: 64, block },
         &[],
         Strides { row: 0, block: 0 },
     );
@@ -173,19 +180,29 @@ proptest! {
             prop_assert_eq!(blocks(&w, &x, kernel).to_bits(), want.to_bits(), "{:?}", kernel);
         }
         // The same block as one row of a card's group against four inputs (the AVX2 path's
-        // rows in turn), the other rows and inputs scaled copies.
+        // rows in turn), or of a row-major matrix's (its row chunks), the other rows and inputs
+        // scaled copies.
         let scaled = |v: &[u16; 32], k: i32| -> Vec<u16> {
             v.iter().map(|&b| round_bf16(bf16_value(b) * 2f32.powi(k))).collect()
         };
         let group: Vec<u16> = (0..8).flat_map(|r| scaled(&w, r % 3)).collect();
         let inputs: Vec<u16> = (0..4).flat_map(|t| scaled(&x, t % 2)).collect();
-        for kernel in KernelChoice::ALL {
-            let got = group_sums(&group, &inputs, kernel);
+        let layouts = KernelChoice::ALL.into_iter().flat_map(|k| [(k, false), (k, true)]);
+        for (kernel, row_major) in layouts {
+            let got = group_sums(&group, &inputs, row_major, kernel);
             for (r, got) in got.iter().enumerate() {
                 let row: Vec<f32> = group[r * 32..][..32].iter().map(|&b| bf16_value(b)).collect();
                 for (t, got) in got.iter().enumerate() {
                     let want = bf16_partial(&row, &inputs[t * 32..][..32], 0, 32);
-                    prop_assert_eq!(got.to_bits(), want.to_bits(), "{:?} row {} input {}", kernel, r, t);
+                    prop_assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{:?} row-major {} row {} input {}",
+                        kernel,
+                        row_major,
+                        r,
+                        t
+                    );
                 }
             }
         }

@@ -36,6 +36,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_bf16;
 #[cfg(target_arch = "x86_64")]
+mod avx2_bf16_rows;
+#[cfg(target_arch = "x86_64")]
 mod avx2_mxint8;
 #[cfg(target_arch = "x86_64")]
 mod avx512;

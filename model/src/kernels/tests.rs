@@ -254,6 +254,36 @@ impl InterleavedRows {
         }
     }
 
+    /// The same rows one after another, each whole (a row-major matrix), as the kernels take
+    /// them: their bytes and scales, which the view borrows.
+    pub(crate) fn row_major(&self) -> (Vec<u8>, Vec<u8>) {
+        let data = self.rows.iter().flat_map(|(_, d, _)| d.clone()).collect();
+        let scales = self.rows.iter().flat_map(|(_, _, s)| s.clone()).collect();
+        (data, scales)
+    }
+
+    /// A view of [`Self::row_major`]'s bytes and scales.
+    pub(crate) fn row_major_rows<'a, const R: usize>(
+        &self,
+        (data, scales): &'a (Vec<u8>, Vec<u8>),
+    ) -> BlockRows<'a, R> {
+        assert_eq!(R, self.rows.len(), "a view of every row made");
+        let (bb, row_bytes) = (self.format.block_bytes(), data.len() / self.rows.len());
+        BlockRows::<R>::new(
+            self.format,
+            data,
+            Strides {
+                row: row_bytes,
+                block: bb,
+            },
+            scales,
+            Strides {
+                row: row_bytes / bb,
+                block: 1,
+            },
+        )
+    }
+
     /// The rows as the kernels take them (`R`: how many were made).
     pub(crate) fn block_rows<const R: usize>(&self) -> BlockRows<'_, R> {
         assert_eq!(R, self.rows.len(), "a view of every row made");
