@@ -573,7 +573,7 @@ unsafe fn sums<O: SumOrder, const F: u8, const R: usize, const T: usize, const P
 /// stream short of the read limit. bench_kernels (16,384 x 2,880 bf16 weights, f32 inputs, one
 /// token, both threads, Zen 3 VM) took 3.75-4.05 ms a product without, 3.21-3.53 at 512 bytes
 /// ahead, 3.21-3.30 at 1 KB, 3.48-3.96 at 2-8 KB. f32 weights (two lines a block, already at
-/// the read limit) were slower with it, and MXFP4's decoding is what bounds its time.
+/// the read limit) were slower with it from 1 KB on, and MXFP4's decoding bounds its time.
 const STREAM_AHEAD: usize = 1024;
 
 /// What a call's sub-blocks share.

@@ -125,9 +125,9 @@ pub(super) fn row_chunks_fit<const R: usize, const T: usize>(w: &BlockRows<'_, R
 /// Blocks of each row that [`row_chunks`] reads before the next row's. One input's sums take
 /// about a quarter of four inputs' time a block, so its chunks are shorter, and its prefetch
 /// (a few rows ahead, same chunk) stays about as far ahead in time. Tuned on a 16,384 x 2,880
-/// matrix, both threads of a Zen 3 VM (scratch bench, alternated): one input took 3.2-3.5 ms a
-/// product at 4 and 8 blocks, 4.0-4.4 at 16; four inputs 5.2-5.3 at 16 and 32 blocks, 5.4-5.7
-/// at 8.
+/// matrix, both threads of a Zen 3 VM (scratch bench, two runs each): one input took 3.2-3.7 ms
+/// a product at 4 and 8 blocks, 4.0-4.4 at 16; four inputs 5.2-5.4 at 16 and 32 blocks, 5.7 at
+/// 8.
 const fn chunk_blocks(tokens: usize) -> usize {
     if tokens == 1 { 8 } else { 16 }
 }

@@ -81,7 +81,8 @@ fn bf16_order_equals_its_definition_on_both_paths() {
             check_bf16::<32, 4>(format, blocks, segment, seed);
         }
     }
-    // More segments than the AVX2 path's rows in turn keep: the chunked path takes them.
+    // More segments than the AVX2 path's rows in turn keep: the chunked path takes the tile
+    // layout's (row-major rows take row chunks at any number of segments).
     check_bf16::<8, 4>(BlockFormat::Bf16, 40, 1, 13);
 }
 
