@@ -19,7 +19,9 @@
 //! and `4i + 3` in lane `i`'s bytes; the input's bytes are swapped to match. The sums are the
 //! same: only which products share a lane matters, not their order inside it.
 
-use super::mxint8::{FP4_OFFSET_TIMES_TWO, FP4_TIMES_TWO, MX_LANES, Mxint8Row, SCALE_TABLE};
+use super::mxint8::{
+    FP4_OFFSET_TIMES_TWO, FP4_TIMES_TWO, MX_LANES, Mxint8Row, SCALE_TABLE, WIDE_SCALE_TABLE,
+};
 use super::x86::{
     MXFP4, MXFP4_PAIRS, MXFP4_PAIRS_SECOND, MXINT8, data_at, prefetch, second_of_pair, unit_of,
 };
@@ -241,6 +243,41 @@ fn fold(acc: __m256) -> f32 {
     _mm_cvtss_f32(one)
 }
 
+/// Eight accumulators folded at once, each exactly as [`fold`] folds it: the same additions of
+/// the same operands in the same order, for all eight in about 20 instructions where eight
+/// folds take 48 (a sub-block of 8 products folds once a 16-block segment).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn fold_eight(acc: &[__m256; 8]) -> [f32; 8] {
+    // Width 4, two accumulators a register: [a's low half + high half | b's].
+    let four = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    };
+    // Width 2, four a register: elements 0, 1 of each four plus its elements 2, 3.
+    let two = |x: __m256, y: __m256| {
+        let (x, y) = (_mm256_castps_pd(x), _mm256_castps_pd(y));
+        _mm256_add_ps(
+            _mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+            _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)),
+        )
+    };
+    let abcd = two(four(acc[0], acc[1]), four(acc[2], acc[3]));
+    let efgh = two(four(acc[4], acc[5]), four(acc[6], acc[7]));
+    // Width 1: element 0 of each two plus its element 1, in the order a c e g | b d f h.
+    let one = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(abcd, efgh),
+        _mm256_shuffle_ps::<0b11_01_11_01>(abcd, efgh),
+    );
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let mut sums = [0f32; 8];
+    // SAFETY: `sums` holds 8 floats.
+    unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), _mm256_permutevar8x32_ps(one, order)) };
+    sums
+}
+
 /// The rows `w` (a sub-block's) against inputs `x` over the blocks `segment`, folded.
 ///
 /// # Safety
@@ -360,8 +397,16 @@ pub(super) fn spacing<const T: usize>(x: &[Mxint8Row<'_>; T]) -> Option<usize> {
 /// ([`spacing`]): the weights decode to their integers plus [`super::mxint8::FP4_OFFSET`]
 /// (unsigned), which `vpmaddubsw` multiplies by the inputs as they are stored; each lane then
 /// takes away the offset times its inputs' sum ([`Mxint8Row::offset_sums`]), which leaves the
-/// exact sums `sub` gets. A product takes 5 instructions besides its scale, where `sub`'s take
-/// 6 and prepare each input's magnitude again for every sub-block.
+/// exact sums `sub` gets. A product takes 5 instructions, its scale read by the multiply-add
+/// itself ([`WIDE_SCALE_TABLE`]), where `sub`'s take 7 and prepare each input's magnitude again
+/// for every sub-block.
+///
+/// The wide scale table, a pair of rows decoded at a time against several inputs, and
+/// [`fold_eight`] took GPT-OSS-20B's expert (bench_expert, MXINT8 inputs, Zen 3 VM, the builds
+/// alternated three times) at one token to 1.08 ms a call from 1.15-1.21 on one thread, and to
+/// 0.64-0.67 from 0.69-0.73 on two; at two tokens to 2.10-2.12 from 2.19-2.25, and to 1.13-1.23
+/// from 1.25-1.28. From four tokens on the two were level: there the multiply-adds' port
+/// (`vpmaddubsw` and `vpmaddwd` share one, a cycle each) holds a product to two cycles at best.
 ///
 /// # Safety
 /// As [`block_sums`]; `F` is [`MXFP4_PAIRS`] or [`MXFP4_PAIRS_SECOND`]; `w` is [`packed`]; the
@@ -382,7 +427,9 @@ unsafe fn sub_offset<const F: u8, const RR: usize, const TT: usize, const PREFET
         _mm_loadu_si128(FP4_OFFSET_TIMES_TWO.as_ptr().cast())
     });
     let ones = _mm256_set1_epi16(1);
-    let table = SCALE_TABLE.as_ptr();
+    // A scale entry's bytes: one register.
+    const ENTRY: usize = MX_LANES * 4;
+    let table = WIDE_SCALE_TABLE.0.as_ptr().cast::<u8>();
     let (values, sums, bases) = (
         x0.values.as_ptr(),
         x0.offset_sums.as_ptr(),
@@ -395,39 +442,61 @@ unsafe fn sub_offset<const F: u8, const RR: usize, const TT: usize, const PREFET
         }
         // SAFETY: block b of every row and its scale byte are inside the rows (checked by the
         // caller); the inputs hold block b; a scale index is a scale byte plus a base, inside
-        // the table.
+        // the table, so each row's entry plus an input's base lies inside it too.
         unsafe {
-            let mut u = [_mm256_setzero_si256(); RR];
-            let mut bytes = [0u32; RR];
             // The tile layout's strides within a block are constants (see `packed`), which
             // makes each row's offset an immediate.
             let (d, sc) = (
                 data.add(b * w.data_strides.block),
                 scales.add(b * w.scale_strides.block),
             );
-            for r in 0..RR {
-                let at = unit_of::<F>(r) * BLOCK;
-                u[r] = weight_integers::<F>(second_of_pair::<F>(r), d.add(at), lut);
-                bytes[r] = u32::from(*sc.add(r));
-            }
-            for t in 0..TT {
-                let at = t * spacing + b;
-                let q = _mm256_loadu_si256(values.add(at * BLOCK).cast());
-                let offset = _mm256_loadu_si256(sums.add(at * MX_LANES).cast());
-                let base = u32::from(*bases.add(at));
-                for ((acc, &u), &byte) in acc.iter_mut().zip(&u).zip(&bytes) {
-                    let fours = _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones);
-                    let exact = _mm256_sub_epi32(fours, offset);
-                    let scale = _mm256_broadcast_ss(&*table.add((byte + base) as usize));
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, acc[t]);
+            // Several inputs over more than two rows take the rows two at a time, each pair
+            // decoded just before its products: with every row's integers held at once, 4 rows x
+            // 2 inputs kept two accumulators on the stack.
+            let pairs = TT >= 2 && RR > 2 && RR.is_multiple_of(2);
+            for r0 in (0..RR).step_by(if pairs { 2 } else { RR }) {
+                let mut u = [_mm256_setzero_si256(); RR];
+                let mut row_scales = [table; RR];
+                for r in r0..if pairs { r0 + 2 } else { RR } {
+                    let at = unit_of::<F>(r) * BLOCK;
+                    u[r] = weight_integers::<F>(second_of_pair::<F>(r), d.add(at), lut);
+                    row_scales[r] = table.add(usize::from(*sc.add(r)) * ENTRY);
+                }
+                // `t` places the input's block and picks each row's accumulator.
+                #[allow(clippy::needless_range_loop)]
+                for t in 0..TT {
+                    let at = t * spacing + b;
+                    let q = _mm256_loadu_si256(values.add(at * BLOCK).cast());
+                    let offset = _mm256_loadu_si256(sums.add(at * MX_LANES).cast());
+                    let base = usize::from(*bases.add(at)) * ENTRY;
+                    for r in r0..if pairs { r0 + 2 } else { RR } {
+                        let fours = _mm256_madd_epi16(_mm256_maddubs_epi16(u[r], q), ones);
+                        let exact = _mm256_sub_epi32(fours, offset);
+                        let scale = _mm256_loadu_ps(row_scales[r].add(base).cast());
+                        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, acc[r][t]);
+                    }
                 }
             }
         }
     }
+    folded(&acc)
+}
+
+/// Every accumulator of a sub-block folded ([`fold`]), eight at a time where there are eight.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn folded<const RR: usize, const TT: usize>(acc: &[[__m256; TT]; RR]) -> [[f32; TT]; RR] {
     let mut out = [[0f32; TT]; RR];
-    for (out, acc) in out.iter_mut().zip(&acc) {
-        for (o, &a) in out.iter_mut().zip(acc) {
-            *o = fold(a);
+    if RR * TT == 8 {
+        let sums = fold_eight(&std::array::from_fn(|k| acc[k / TT][k % TT]));
+        for (k, sum) in sums.into_iter().enumerate() {
+            out[k / TT][k % TT] = sum;
+        }
+    } else {
+        for (out, acc) in out.iter_mut().zip(acc) {
+            for (o, &a) in out.iter_mut().zip(acc) {
+                *o = fold(a);
+            }
         }
     }
     out
