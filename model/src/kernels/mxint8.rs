@@ -94,7 +94,7 @@ pub(super) static SCALE_TABLE: [f32; SCALE_TABLE_LEN] = {
 /// [`SCALE_TABLE`] with each entry repeated across one register's [`MX_LANES`] lanes, aligned
 /// to a register: the AVX2 path multiplies by a block's scale straight from here, the load
 /// folded into its fused multiply-add, where a broadcast would take an instruction of its own
-/// per product (25 KB; the scales a product meets lie within a few lines of it).
+/// per product (25 KB, of which a product reads one entry).
 #[repr(C, align(32))]
 pub(super) struct WideScaleTable(pub(super) [[f32; MX_LANES]; SCALE_TABLE_LEN]);
 
