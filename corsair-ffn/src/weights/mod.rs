@@ -30,7 +30,7 @@ impl WeightSource for ModelWeights {
 
     fn dense(&self, layer: usize) -> Option<&GatedMlp> {
         match &self.layers.get(layer)?.ffn {
-            FfnWeights::Dense(m) => Some(m),
+            FfnWeights::Dense(m) => Some(&**m),
             FfnWeights::Moe(_) => None,
         }
     }

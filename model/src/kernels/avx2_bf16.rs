@@ -326,12 +326,36 @@ pub(super) unsafe fn decode<const F: u8>(
                     _mm256_loadu_si256(data.add(32).cast()),
                 );
                 *smallest = watch(watch(*smallest, a), b);
-                Block {
-                    first: [odd_of_pairs(a), odd_of_pairs(b)],
-                    second: [even_of_pairs(a), even_of_pairs(b)],
-                }
+                bf16_halves(a, b)
             }
         }
+    }
+}
+
+/// The bf16 block at `data` widened, as [`decode`] gives it, without watching its magnitudes
+/// (for rows whose smallest is known: [`BlockRows::with_smallest_weight_exponent`]).
+///
+/// # Safety
+/// The block's 64 bytes must be readable; AVX2 must be available.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn bf16_block(data: *const u8) -> Block {
+    // SAFETY: the caller guarantees the block's bytes are readable.
+    unsafe {
+        bf16_halves(
+            _mm256_loadu_si256(data.cast()),
+            _mm256_loadu_si256(data.add(32).cast()),
+        )
+    }
+}
+
+/// A bf16 block's two 16-value halves widened to f32 by pair position.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn bf16_halves(a: __m256i, b: __m256i) -> Block {
+    Block {
+        first: [odd_of_pairs(a), odd_of_pairs(b)],
+        second: [even_of_pairs(a), even_of_pairs(b)],
     }
 }
 

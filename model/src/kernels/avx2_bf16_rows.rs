@@ -6,7 +6,7 @@
 //! anything but the rows and inputs the caller checked.
 
 use super::avx2::{Fp4Bytes, add_terms, fold_block, layout};
-use super::avx2_bf16::{InputVectors, decode, segment_is_plain, smallest_exponent};
+use super::avx2_bf16::{InputVectors, bf16_block, decode, segment_is_plain, smallest_exponent};
 use super::bf16::portable_segment;
 use super::x86::{BF16, data_at};
 use super::{BLOCK, BlockFormat, BlockRows, Paired as Fused, Reduction, Sink};
@@ -116,10 +116,11 @@ pub(super) unsafe fn rows_in_turn<const R: usize, const T: usize, const PREFETCH
     }
 }
 
-/// Whether [`row_chunks`] takes these rows: one to four inputs over a row-major bf16 matrix
-/// (the reference forward's products, and the attention node's).
+/// Whether [`row_chunks`] takes these rows: one to six inputs over a row-major bf16 matrix
+/// (the reference forward's products, and the attention node's). Six inputs keep twelve
+/// accumulators and a block's four weight registers, all in registers.
 pub(super) fn row_chunks_fit<const R: usize, const T: usize>(w: &BlockRows<'_, R>) -> bool {
-    (1..=4).contains(&T) && w.format == BlockFormat::Bf16 && w.data_strides.block == BLOCK * 2
+    (1..=6).contains(&T) && w.format == BlockFormat::Bf16 && w.data_strides.block == BLOCK * 2
 }
 
 /// Blocks of each row that [`row_chunks`] reads before the next row's. One input's sums take
@@ -136,10 +137,12 @@ const fn chunk_blocks(tokens: usize) -> usize {
 /// 2, 4 and 8 were level within the noise, and 1 was slower.
 const ROWS_AHEAD: usize = 4;
 
-/// One to four inputs over a row-major bf16 matrix: every row in turn runs over a chunk of its
+/// One to six inputs over a row-major bf16 matrix: every row in turn runs over a chunk of its
 /// blocks against all the inputs, its accumulators in registers (loaded and stored once a
 /// chunk), then the rows run over the next chunk; each segment's inputs are widened once,
-/// block by block. At each block, the row [`ROWS_AHEAD`] further on is asked for at the same
+/// block by block. Rows whose smallest weight is known in advance
+/// ([`BlockRows::with_smallest_weight_exponent`]) skip watching each block's magnitudes, six
+/// instructions a block beside its 4 x T multiply-adds. At each block, the row [`ROWS_AHEAD`] further on is asked for at the same
 /// place, a line at a time: read this way, the rows are as many streams broken a chunk at a
 /// time, which the hardware prefetcher does not follow far enough ahead.
 ///
@@ -165,6 +168,7 @@ pub(super) unsafe fn row_chunks<const R: usize, const T: usize>(
     let zero = _mm256_setzero_ps();
     let data = w.data.as_ptr();
     let ahead = ROWS_AHEAD.min(R) * w.data_strides.row;
+    let known_weight = w.smallest_weight_exponent;
     for s in 0..reduction.segments() {
         let segment = reduction.segment_blocks(s);
         let mut inputs = InputVectors::take(T, segment.len());
@@ -183,43 +187,83 @@ pub(super) unsafe fn row_chunks<const R: usize, const T: usize>(
         while start < segment.end {
             let chunk = start..(start + chunk_blocks(T)).min(segment.end);
             for (r, acc) in acc.iter_mut().enumerate() {
-                let mut a = *acc;
-                let mut wp = data.wrapping_add(data_at::<BF16, R>(w, r, chunk.start));
-                let mut xp = xs.wrapping_add((chunk.start - segment.start) * T * BLOCK);
-                for _ in chunk.clone() {
-                    // A prefetch never faults, whatever the address (past the last row, it
-                    // asks for the next rows', which the next register block reads).
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(ahead).cast());
-                    // SAFETY: `wp` is at one of the chunk's blocks of row r, inside `data`
-                    // (checked by the caller), and `xp` at that block of every input.
-                    unsafe {
-                        let d = decode::<BF16>(
-                            false,
+                let wp = data.wrapping_add(data_at::<BF16, R>(w, r, chunk.start));
+                let xp = xs.wrapping_add((chunk.start - segment.start) * T * BLOCK);
+                // SAFETY: forwarded from the caller: the chunk's blocks of row r are inside
+                // `data`, and `xs` holds them for every input.
+                unsafe {
+                    if known_weight.is_some() {
+                        row_chunk::<T, false>(
+                            acc,
                             wp,
-                            std::ptr::null(),
+                            xp,
+                            chunk.len(),
+                            ahead,
                             tables,
                             &mut smallest_weight,
                         );
-                        for (t, a) in a.iter_mut().enumerate() {
-                            add_terms::<Fused>(a, &d, xp.add(t * BLOCK));
-                        }
+                    } else {
+                        row_chunk::<T, true>(
+                            acc,
+                            wp,
+                            xp,
+                            chunk.len(),
+                            ahead,
+                            tables,
+                            &mut smallest_weight,
+                        );
                     }
-                    wp = wp.wrapping_add(BLOCK * 2);
-                    xp = xp.wrapping_add(T * BLOCK);
                 }
-                *acc = a;
             }
             start = chunk.end;
         }
-        if segment_is_plain(
-            smallest_exponent(smallest_input),
-            smallest_exponent(smallest_weight),
-        ) {
+        let weight = known_weight.unwrap_or_else(|| smallest_exponent(smallest_weight));
+        if segment_is_plain(smallest_exponent(smallest_input), weight) {
             emit.segment(s, &fold_block(&acc, layout));
         } else {
             emit.segment(s, &portable_segment(w, x, reduction, s));
         }
     }
+}
+
+/// One row of [`row_chunks`] over `blocks` blocks from `wp` against the `T` inputs' widened
+/// blocks from `xp`, added to its accumulators `acc`; the weights' magnitudes are watched into
+/// `smallest` when `WATCH` (their bound not known in advance).
+///
+/// # Safety
+/// `wp` and `xp` must hold the chunk's blocks (`blocks` of the row, `blocks * T` of the inputs);
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn row_chunk<const T: usize, const WATCH: bool>(
+    acc: &mut [[__m256; 2]; T],
+    mut wp: *const u8,
+    mut xp: *const f32,
+    blocks: usize,
+    ahead: usize,
+    tables: &Fp4Bytes,
+    smallest: &mut __m256i,
+) {
+    let mut a = *acc;
+    for _ in 0..blocks {
+        // A prefetch never faults, whatever the address (past the last row, it asks for the
+        // next rows', which the next register block reads).
+        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(ahead).cast());
+        // SAFETY: `wp` and `xp` are at one of the chunk's blocks (the caller's guarantee).
+        unsafe {
+            let d = if WATCH {
+                decode::<BF16>(false, wp, std::ptr::null(), tables, smallest)
+            } else {
+                bf16_block(wp)
+            };
+            for (t, a) in a.iter_mut().enumerate() {
+                add_terms::<Fused>(a, &d, xp.add(t * BLOCK));
+            }
+        }
+        wp = wp.wrapping_add(BLOCK * 2);
+        xp = xp.wrapping_add(T * BLOCK);
+    }
+    *acc = a;
 }
 
 /// The prefetch of [`rows_in_turn`]: while the rows take their turns over one segment, the run

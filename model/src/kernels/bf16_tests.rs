@@ -291,9 +291,85 @@ fn activation_dtypes_parse_and_print() {
 #[test]
 fn matmul_with_bf16_activations_is_the_definition_per_row_and_batch_invariant() {
     // 37 rows: one whole task of 32 (the wide register blocks) and 5 more; 1,280 columns: rows
-    // longer than the AVX2 path's input chunks.
+    // longer than the AVX2 path's input chunks. 6, 11 and 13 tokens: the task's register
+    // blocks of 6 and 5 tokens, and the 1 or 4 left after them.
     for cols in [96, 1280] {
-        check_bf16_matmul(37, cols, 6);
+        for tokens in [6, 11, 13] {
+            check_bf16_matmul(37, cols, tokens);
+        }
+    }
+}
+
+/// A bf16 matrix's smallest nonzero weight is found once, for every view of its bytes, and the
+/// products that take it in place of watching each block still give the definition's bits: a
+/// weight below the plain range anywhere in the matrix sends them to the exact path. (A row
+/// whose only nonzero weight is a subnormal one is where the plain multiply-adds would differ:
+/// they keep a subnormal product the definition flushes to zero.)
+#[test]
+fn a_bf16_matrix_knows_its_smallest_weight_and_its_products_stay_exact() {
+    let (rows, cols) = (37, 1280);
+    let (m, w) = super::tests::bf16_matrix(rows, cols, 21);
+    let want = w
+        .iter()
+        .filter(|v| **v != 0.0)
+        .map(|v| u32::from(half::bf16::from_f32(*v).to_bits() & 0x7fff) >> 7)
+        .min();
+    assert_eq!(m.smallest_exponent(), Some(want));
+    assert_eq!(
+        m.select_rows(3, 2, 5).smallest_exponent(),
+        m.smallest_exponent()
+    );
+    let zeros = WeightMatrix::from_bytes(
+        crate::weights::WeightFormat::Bf16,
+        2,
+        64,
+        crate::checkpoint::SharedBytes::from_vec(vec![0; 2 * 64 * 2]),
+    );
+    assert_eq!(zeros.smallest_exponent(), Some(None));
+    assert_eq!(
+        super::tests::mxfp4_matrix(2, 64, 3).smallest_exponent(),
+        None
+    );
+    // The last row all zero but one weight: a subnormal one, then 2^-100 (normal, but too
+    // small against these inputs for the plain range).
+    for tiny in [0x0003u16, round_bf16(2f32.powi(-100))] {
+        let mut bits: Vec<u16> = w.iter().map(|v| round_bf16(*v)).collect();
+        bits[(rows - 1) * cols..].fill(0);
+        bits[(rows - 1) * cols + 7] = tiny;
+        let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let m = WeightMatrix::from_bytes(
+            crate::weights::WeightFormat::Bf16,
+            rows,
+            cols,
+            crate::checkpoint::SharedBytes::from_vec(bytes),
+        )
+        .with_activations(ActivationDtype::Bf16);
+        assert_eq!(m.smallest_exponent(), Some(Some(u32::from(tiny >> 7))));
+        let decoded = m.to_f32();
+        for tokens in [1, 4, 6] {
+            let x = values(40 + tokens as u64, tokens * cols);
+            let mut xb = Vec::new();
+            round_rows(&x, &mut xb);
+            for kernel in KernelChoice::ALL {
+                let mut out = vec![0f32; tokens * rows];
+                matmul_with(&x, tokens, &m, None, &mut out, kernel);
+                for t in 0..tokens {
+                    for n in 0..rows {
+                        let want = bf16_partial(
+                            &decoded[n * cols..(n + 1) * cols],
+                            &xb[t * cols..(t + 1) * cols],
+                            0,
+                            cols,
+                        ) + 0.0;
+                        assert_eq!(
+                            out[t * rows + n].to_bits(),
+                            want.to_bits(),
+                            "{tiny:#06x} {kernel:?} {tokens} tokens row {n}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 

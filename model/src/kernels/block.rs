@@ -164,6 +164,9 @@ pub struct BlockRows<'a, const R: usize> {
     pub(super) prefetch: usize,
     /// 1 when row 0 is the second row of its pair ([`BlockFormat::Mxfp4RowPairs`]), else 0.
     pub(super) pair_offset: usize,
+    /// A bound known in advance on bf16 rows' smallest nonzero magnitude
+    /// ([`Self::with_smallest_weight_exponent`]); `None`: not known.
+    pub(super) smallest_weight_exponent: Option<Option<u32>>,
 }
 
 impl<'a, const R: usize> BlockRows<'a, R> {
@@ -184,6 +187,7 @@ impl<'a, const R: usize> BlockRows<'a, R> {
             scale_strides,
             prefetch: 0,
             pair_offset: 0,
+            smallest_weight_exponent: None,
         }
     }
 
@@ -200,6 +204,16 @@ impl<'a, const R: usize> BlockRows<'a, R> {
     /// another (a row-major matrix); other layouts leave it to the hardware.
     pub fn with_prefetch(mut self, bytes: usize) -> Self {
         self.prefetch = bytes;
+        self
+    }
+
+    /// The same bf16 rows, known to hold no nonzero magnitude whose biased exponent is below
+    /// `exponent` (`None`: all zero); a bound below the true one is safe. A path that takes
+    /// its plain fused multiply-adds only where no product can leave the normal range then
+    /// checks the bound, once a segment, instead of watching every block's weights
+    /// ([`crate::weights::WeightMatrix::smallest_exponent`] gives a matrix's).
+    pub fn with_smallest_weight_exponent(mut self, exponent: Option<u32>) -> Self {
+        self.smallest_weight_exponent = Some(exponent);
         self
     }
 
@@ -260,6 +274,7 @@ impl<'a, const R: usize> BlockRows<'a, R> {
             scale_strides: self.scale_strides,
             prefetch: self.prefetch,
             pair_offset,
+            smallest_weight_exponent: self.smallest_weight_exponent,
         }
     }
 

@@ -5,11 +5,11 @@ use rayon::prelude::*;
 
 use super::{
     BLOCK, BlockFormat, BlockJob, BlockRows, KernelChoice, LANES, Mxint8Input, Mxint8Row,
-    Reduction, Sink, Strided, Strides, bf16_block_sums, block_sums, mxint8_block_sums,
-    register_blocks, round_rows, token_quads,
+    Reduction, Sink, Strided, Strides, bf16_block_sums, bf16_reads_one_input_in_one_pass,
+    block_sums, mxint8_block_sums, register_blocks, round_rows, token_quads,
 };
 use crate::kernels::ActivationDtype;
-use crate::weights::WeightMatrix;
+use crate::weights::{WeightFormat, WeightMatrix};
 
 /// How far ahead (bytes) a register block of several tokens prefetches the matrix: such a
 /// block reads its rows side by side, a few streams 1-4 KB apart that the hardware prefetcher
@@ -73,6 +73,11 @@ impl BlockJob for Tile<'_> {
             return;
         }
         if let Prepared::Bf16(xb) = self.prepared {
+            // A bf16 matrix's smallest weight is known once for all its products.
+            let rows = match w.smallest_exponent() {
+                Some(exponent) => rows.with_smallest_weight_exponent(exponent),
+                None => rows,
+            };
             let xs: [&[u16]; T] =
                 std::array::from_fn(|t| &xb[(t0 + t) * cols..(t0 + t + 1) * cols]);
             let count = self.tile.len() / self.tokens;
@@ -150,6 +155,11 @@ pub fn matmul_with(
         return;
     }
     let prepared = PreparedInput::new(x, tokens, w);
+    // A bf16 matrix's smallest weight is worked out on its first product, here rather than
+    // in the pool's tasks, which would wait on one another for it.
+    if matches!(prepared.view(), Prepared::Bf16(_)) {
+        w.smallest_exponent();
+    }
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     // With one thread in the pool, handing the tasks to it would only make this thread sleep
     // while that one runs them (a wake-up each way, per product).
@@ -211,13 +221,41 @@ pub fn matmul_with(
 
 /// A task's register blocks over several tokens: bf16 products take all of a whole task's rows
 /// against up to 4 tokens at a time, so each token's input is converted once per task and chunk
-/// instead of once per 4 rows; other products take the shared grid ([`register_blocks`]).
+/// instead of once per 4 rows; other products take the shared grid ([`register_blocks`]). Bf16
+/// weights on the AVX2 path take 6 tokens at a time, then the 5, or the 1-4, left: a block's
+/// weights, widened once, serve six inputs' multiply-adds, whose twelve accumulators still fit
+/// in registers.
 fn task_blocks(count: usize, tokens: usize, job: &mut Tile<'_>) {
     if count != ROWS_PER_TASK || !matches!(job.prepared, Prepared::Bf16(_)) {
         register_blocks(count, tokens, job);
         return;
     }
-    token_quads::<ROWS_PER_TASK>(0, tokens, job);
+    if job.w.format() != WeightFormat::Bf16 || !bf16_reads_one_input_in_one_pass(job.kernel) {
+        token_quads::<ROWS_PER_TASK>(0, tokens, job);
+        return;
+    }
+    let mut t = 0;
+    while tokens - t >= 6 {
+        job.run::<ROWS_PER_TASK, 6>(0, t);
+        t += 6;
+    }
+    match tokens - t {
+        0 => {}
+        5 => job.run::<ROWS_PER_TASK, 5>(0, t),
+        left => token_quads::<ROWS_PER_TASK>(0, left, &mut FromToken { job, t }),
+    }
+}
+
+/// A [`Tile`]'s register blocks counted from token `t` on.
+struct FromToken<'a, 'b> {
+    job: &'a mut Tile<'b>,
+    t: usize,
+}
+
+impl BlockJob for FromToken<'_, '_> {
+    fn run<const R: usize, const T: usize>(&mut self, r0: usize, t0: usize) {
+        self.job.run::<R, T>(r0, self.t + t0);
+    }
 }
 
 /// Where a register block's sums over whole rows (one segment) go: row `r0 + r` of token
@@ -374,6 +412,10 @@ pub fn matvecs(jobs: Vec<MatVec<'_>>) {
             preparations.push((job.x, how, PreparedInput::new(job.x, 1, job.w)));
             preparations.len() - 1
         });
+        if matches!(preparations[at].2, PreparedInput::Bf16(_)) {
+            // As in `matmul_with`: outside the pool's tasks.
+            job.w.smallest_exponent();
+        }
         inputs.push((job.x, at, job.w, job.bias));
         for (c, dst) in job.out.chunks_mut(ROWS_PER_TASK).enumerate() {
             tasks.push((i, c * ROWS_PER_TASK, dst));

@@ -194,11 +194,11 @@ impl Loader<'_> {
         let ffn = match c.layers[l].ffn {
             FfnKind::Dense => {
                 let i = c.dense_intermediate_size.unwrap_or_default();
-                FfnWeights::Dense(GatedMlp {
+                FfnWeights::Dense(Box::new(GatedMlp {
                     gate: self.linear(&format!("{p}.mlp.gate_proj"), i, h, false)?,
                     up: self.linear(&format!("{p}.mlp.up_proj"), i, h, false)?,
                     down: self.linear(&format!("{p}.mlp.down_proj"), h, i, false)?,
-                })
+                }))
             }
             FfnKind::Moe => FfnWeights::Moe(match c.family {
                 Family::GptOss => self.gpt_oss_moe(l)?,

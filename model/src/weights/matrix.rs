@@ -4,6 +4,8 @@
 //! `[E * 2I, H]` tensor, the gate rows of an interleaved gate/up matrix), so selecting never
 //! copies. Values are decoded to f32 one row at a time, inside the kernels.
 
+use std::sync::{Arc, OnceLock};
+
 use crate::checkpoint::{SharedBytes, StoredDtype, StoredTensor};
 use crate::error::{Error, Result};
 use crate::kernels::ActivationDtype;
@@ -59,6 +61,9 @@ pub struct WeightMatrix {
     row_step: usize,
     /// What products with this matrix round their inputs to (see [`ActivationDtype`]).
     activations: ActivationDtype,
+    /// [`Self::smallest_exponent`], worked out on first use and shared by every view of the
+    /// same bytes.
+    smallest_exponent: Arc<OnceLock<Option<u32>>>,
 }
 
 impl WeightMatrix {
@@ -98,6 +103,7 @@ impl WeightMatrix {
             first_row: 0,
             row_step: 1,
             activations: ActivationDtype::F32,
+            smallest_exponent: Arc::default(),
         }
     }
 
@@ -129,6 +135,7 @@ impl WeightMatrix {
             first_row: 0,
             row_step: 1,
             activations: ActivationDtype::F32,
+            smallest_exponent: Arc::default(),
         }
     }
 
@@ -174,6 +181,29 @@ impl WeightMatrix {
     /// Bytes the selected rows occupy in their stored format.
     pub fn stored_bytes(&self) -> usize {
         self.rows * self.format.row_bytes(self.cols)
+    }
+
+    /// For a bf16 matrix, the biased exponent of the smallest nonzero magnitude among all its
+    /// stored elements (`Some(None)`: all zero; `Some(Some(0))`: one is below the normal
+    /// range), read through once and then remembered; `None` for other formats. A row
+    /// selection answers for the whole stored tensor, which bounds its own rows from below.
+    pub fn smallest_exponent(&self) -> Option<Option<u32>> {
+        if self.format != WeightFormat::Bf16 {
+            return None;
+        }
+        Some(*self.smallest_exponent.get_or_init(|| {
+            // Magnitude bits minus one: zeros wrap to the largest value, as in the kernels.
+            let least = |m: u16, bits: u16| m.min((u16::from_le(bits) & 0x7fff).wrapping_sub(1));
+            let bytes = self.data.as_bytes();
+            // Dense data is 4-byte aligned (`from_bytes`): read as u16s, which vectorizes.
+            let least = match bytemuck::try_cast_slice::<u8, u16>(bytes) {
+                Ok(elements) => elements.iter().fold(u16::MAX, |m, &b| least(m, b)),
+                Err(_) => bytes
+                    .chunks_exact(2)
+                    .fold(u16::MAX, |m, b| least(m, u16::from_ne_bytes([b[0], b[1]]))),
+            };
+            (least != u16::MAX).then_some((u32::from(least) + 1) >> 7)
+        }))
     }
 
     /// Rows `start, start + step, ...` (`count` of them), without copying.

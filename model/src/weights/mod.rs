@@ -74,8 +74,8 @@ impl MoeWeights {
 pub enum FfnWeights {
     /// Routed experts.
     Moe(MoeWeights),
-    /// A dense gated MLP.
-    Dense(GatedMlp),
+    /// A dense gated MLP (boxed: three matrices against the routed experts' handle).
+    Dense(Box<GatedMlp>),
 }
 
 /// Attention projections of one layer.
@@ -179,7 +179,7 @@ impl ModelWeights {
                     ranges.extend(moe.router.weight.byte_ranges_mut());
                     moe.experts.iter_mut().flatten().collect()
                 }
-                FfnWeights::Dense(mlp) => vec![mlp],
+                FfnWeights::Dense(mlp) => vec![&mut **mlp],
             };
             for mlp in mlps {
                 for l in [&mut mlp.gate, &mut mlp.up, &mut mlp.down] {
