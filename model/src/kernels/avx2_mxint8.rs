@@ -72,6 +72,121 @@ struct Shape {
     fresh: bool,
 }
 
+/// The most rows a sub-block of a register block takes against `t` inputs: at most 8 products
+/// (one accumulator register each). Row pairs against several inputs take a pair of rows at a
+/// time against up to 4 inputs, but two pairs against 2 inputs, which fills all 8 (GPT-OSS-20B's
+/// expert at 2 tokens, one thread, Zen 3 VM: 2.05-2.15 against 2.39-2.57 ms a call, alternated
+/// four times).
+const fn rows_per_sub_block(t: usize, pairs: bool) -> usize {
+    match t {
+        1 => SUB_ROWS_ONE_INPUT,
+        2 if pairs => 4,
+        2 => 2,
+        _ if pairs => 2,
+        _ => 1,
+    }
+}
+
+/// Runs `$call!(rr, tt, r0, t0)` on every sub-block of an `$r` x `$t` register block, rows
+/// outer, with at most `$per` rows ([`rows_per_sub_block`]) and 4 inputs a sub-block; `$call`
+/// returns the inputs it took.
+macro_rules! walk_sub_blocks {
+    ($r:expr, $t:expr, $per:expr, $call:ident) => {{
+        let (r, t, per) = ($r, $t, $per);
+        let mut r0 = 0;
+        while r0 < r {
+            let rr = [8, 4, 2, 1]
+                .into_iter()
+                .find(|&n| n <= per && n <= r - r0)
+                .unwrap_or(1);
+            let mut t0 = 0;
+            while t0 < t {
+                t0 += match (rr, t - t0) {
+                    (8, _) => $call!(8, 1, r0, t0),
+                    (4, 1) => $call!(4, 1, r0, t0),
+                    (4, _) => $call!(4, 2, r0, t0),
+                    (2, 1) => $call!(2, 1, r0, t0),
+                    (2, 2) => $call!(2, 2, r0, t0),
+                    (2, 3) => $call!(2, 3, r0, t0),
+                    (2, _) => $call!(2, 4, r0, t0),
+                    (_, 1) => $call!(1, 1, r0, t0),
+                    (_, 2) => $call!(1, 2, r0, t0),
+                    (_, 3) => $call!(1, 3, r0, t0),
+                    _ => $call!(1, 4, r0, t0),
+                };
+            }
+            r0 += rr;
+        }
+    }};
+}
+
+/// Segments [`offset_sums`] takes each sub-block through before the next sub-block: a whole
+/// row of GPT-OSS-20B's expert tiles (2,880 columns, 6 segments).
+const SEGMENTS_AT_ONCE: usize = 6;
+
+/// [`sums`] for 3 or more inputs over rows in pairs laid out as the cards' tiles hold them
+/// ([`packed`]), the inputs `spacing` blocks apart ([`spacing`]): each sub-block runs through
+/// [`SEGMENTS_AT_ONCE`] segments, a [`sub_offset`] call each, before the next sub-block starts,
+/// where [`sums`] runs every sub-block over one segment before the next segment. GPT-OSS-20B's
+/// expert (bench_expert, MXINT8 inputs, one thread, Zen 3 VM, alternated three times) took
+/// 3.77-3.83 against 3.91-4.00 ms a call at 4 tokens and 7.26-7.34 against 7.48-7.49 at 8.
+/// Why was not pinned down (the VM has no hardware counters): the sub-block's rows and inputs
+/// stay the same across its six calls. One and two inputs keep the segment order: a version
+/// that took them this way, with the segments looped inside one call, ran one token 3% slower.
+///
+/// # Safety
+/// As [`sub_offset`], over every segment of `reduction`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn offset_sums<const R: usize, const T: usize, const G: usize, const PREFETCH: bool>(
+    w: &BlockRows<'_, R>,
+    x: &[Mxint8Row<'_>; T],
+    spacing: usize,
+    reduction: &Reduction,
+    steps: (usize, usize),
+    mut emit: impl Sink<R, T>,
+) {
+    let segments = reduction.segments();
+    let mut out = [[[0f32; T]; R]; G];
+    let mut first = 0;
+    while first < segments {
+        let group = first..segments.min(first + G);
+        macro_rules! call {
+            ($rr:literal, $tt:literal, $r0:expr, $t0:expr) => {{
+                let view = w.rows_from::<$rr>($r0);
+                let shape = Shape {
+                    steps,
+                    rows_first: false,
+                    fresh: $r0 == 0 && $t0 == 0,
+                };
+                for (out, s) in out.iter_mut().zip(group.clone()) {
+                    let segment = reduction.segment_blocks(s);
+                    // SAFETY: forwarded from the caller.
+                    let sums: [[f32; $tt]; $rr] = unsafe {
+                        if view.pair_offset == 1 {
+                            sub_offset::<MXFP4_PAIRS_SECOND, $rr, $tt, PREFETCH>(
+                                &view, &x[$t0], spacing, &segment, &shape,
+                            )
+                        } else {
+                            sub_offset::<MXFP4_PAIRS, $rr, $tt, PREFETCH>(
+                                &view, &x[$t0], spacing, &segment, &shape,
+                            )
+                        }
+                    };
+                    for (r, row) in sums.iter().enumerate() {
+                        out[$r0 + r][$t0..$t0 + $tt].copy_from_slice(row);
+                    }
+                }
+                $tt
+            }};
+        }
+        walk_sub_blocks!(R, T, rows_per_sub_block(T, true), call);
+        for (s, sums) in group.clone().zip(&out) {
+            emit.segment(s, sums);
+        }
+        first = group.end;
+    }
+}
+
 /// # Safety
 /// As [`block_sums`].
 #[target_feature(enable = "avx2,fma")]
@@ -85,6 +200,13 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
     let steps = w.prefetch_steps(reduction.blocks.end).unwrap_or((0, 0));
     let rows_first = w.rows_first::<T>();
     let spacing = if pairs && packed(w) { spacing(x) } else { None };
+    if let Some(spacing) = spacing.filter(|_| T >= 3) {
+        // SAFETY: forwarded from the caller; `w` is packed and the inputs `spacing` apart.
+        unsafe {
+            offset_sums::<R, T, SEGMENTS_AT_ONCE, PREFETCH>(w, x, spacing, reduction, steps, emit)
+        };
+        return;
+    }
     for s in 0..reduction.segments() {
         let segment = reduction.segment_blocks(s);
         let mut out = [[0f32; T]; R];
@@ -128,42 +250,7 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
                 $tt
             }};
         }
-        // Sub-blocks of at most 8 products (one accumulator register each); row pairs
-        // against several inputs take a pair of rows at a time against up to 4 inputs, but
-        // two pairs against 2 inputs, which fills all 8 (GPT-OSS-20B's expert at 2 tokens,
-        // one thread, Zen 3 VM: 2.05-2.15 against 2.39-2.57 ms a call, alternated four times).
-        // Inputs that are rows of one quantization go to `sub_offset` (`spacing`).
-        let per = match T {
-            1 => SUB_ROWS_ONE_INPUT,
-            2 if pairs => 4,
-            2 => 2,
-            _ if pairs => 2,
-            _ => 1,
-        };
-        let mut r0 = 0;
-        while r0 < R {
-            let rr = [8, 4, 2, 1]
-                .into_iter()
-                .find(|&n| n <= per && n <= R - r0)
-                .unwrap_or(1);
-            let mut t0 = 0;
-            while t0 < T {
-                t0 += match (rr, T - t0) {
-                    (8, _) => call!(8, 1, r0, t0),
-                    (4, 1) => call!(4, 1, r0, t0),
-                    (4, _) => call!(4, 2, r0, t0),
-                    (2, 1) => call!(2, 1, r0, t0),
-                    (2, 2) => call!(2, 2, r0, t0),
-                    (2, 3) => call!(2, 3, r0, t0),
-                    (2, _) => call!(2, 4, r0, t0),
-                    (_, 1) => call!(1, 1, r0, t0),
-                    (_, 2) => call!(1, 2, r0, t0),
-                    (_, 3) => call!(1, 3, r0, t0),
-                    _ => call!(1, 4, r0, t0),
-                };
-            }
-            r0 += rr;
-        }
+        walk_sub_blocks!(R, T, rows_per_sub_block(T, pairs), call);
         emit.segment(s, &out);
     }
 }

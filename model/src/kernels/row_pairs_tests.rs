@@ -116,7 +116,8 @@ fn check<const R: usize, const T: usize>(blocks: usize, r0: usize, seed: u64) {
 
 #[test]
 fn row_pairs_give_the_bits_of_the_same_rows_stored_one_by_one() {
-    for (blocks, seed) in [(1, 1), (4, 7), (7, 13)] {
+    // 22 blocks: 8 segments of 3, more than the MXINT8 path takes a sub-block through at once.
+    for (blocks, seed) in [(1, 1), (4, 7), (7, 13), (22, 19)] {
         check::<8, 1>(blocks, 0, seed);
         check::<8, 2>(blocks, 0, seed);
         check::<4, 4>(blocks, 4, seed);
@@ -125,6 +126,7 @@ fn row_pairs_give_the_bits_of_the_same_rows_stored_one_by_one() {
         check::<2, 2>(blocks, 2, seed);
         check::<1, 1>(blocks, 7, seed);
         check::<1, 3>(blocks, 6, seed);
+        check::<8, 5>(blocks, 0, seed);
     }
 }
 
