@@ -208,9 +208,10 @@ impl<'a, const R: usize> BlockRows<'a, R> {
     }
 
     /// The same bf16 rows, known to hold no nonzero magnitude whose biased exponent is below
-    /// `exponent` (`None`: all zero); a bound below the true one is safe. A path that takes
-    /// its plain fused multiply-adds only where no product can leave the normal range then
-    /// checks the bound, once a segment, instead of watching every block's weights
+    /// `exponent` (`None`: all zero); a bound below the true one is safe. The AVX2 path's
+    /// row-major rows, which take their plain fused multiply-adds only where no product can
+    /// leave the normal range, then check the bound once a segment instead of watching every
+    /// block's weights; the other paths ignore it and watch
     /// ([`crate::weights::WeightMatrix::smallest_exponent`] gives a matrix's).
     pub fn with_smallest_weight_exponent(mut self, exponent: Option<u32>) -> Self {
         self.smallest_weight_exponent = Some(exponent);
