@@ -192,26 +192,11 @@ pub(super) unsafe fn row_chunks<const R: usize, const T: usize>(
                 // SAFETY: forwarded from the caller: the chunk's blocks of row r are inside
                 // `data`, and `xs` holds them for every input.
                 unsafe {
+                    let (blocks, watched) = (chunk.len(), &mut smallest_weight);
                     if known_weight.is_some() {
-                        row_chunk::<T, false>(
-                            acc,
-                            wp,
-                            xp,
-                            chunk.len(),
-                            ahead,
-                            tables,
-                            &mut smallest_weight,
-                        );
+                        row_chunk::<T, false>(acc, wp, xp, blocks, ahead, tables, watched);
                     } else {
-                        row_chunk::<T, true>(
-                            acc,
-                            wp,
-                            xp,
-                            chunk.len(),
-                            ahead,
-                            tables,
-                            &mut smallest_weight,
-                        );
+                        row_chunk::<T, true>(acc, wp, xp, blocks, ahead, tables, watched);
                     }
                 }
             }
