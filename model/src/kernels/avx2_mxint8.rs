@@ -120,6 +120,21 @@ macro_rules! walk_sub_blocks {
     }};
 }
 
+/// [`sub_offset`] on a sub-block `$view`, in the row-pair format its first row's place says:
+/// one expression for both of its callers (a macro, not a function, so the call compiles as
+/// written where it stands; the one-token path's speed moved with small changes around it).
+macro_rules! sub_offset_of {
+    ($rr:literal, $tt:literal, $prefetch:ident, $view:expr, $x0:expr, $spacing:expr, $segment:expr, $shape:expr) => {
+        if $view.pair_offset == 1 {
+            sub_offset::<MXFP4_PAIRS_SECOND, $rr, $tt, $prefetch>(
+                $view, $x0, $spacing, $segment, $shape,
+            )
+        } else {
+            sub_offset::<MXFP4_PAIRS, $rr, $tt, $prefetch>($view, $x0, $spacing, $segment, $shape)
+        }
+    };
+}
+
 /// Segments [`offset_sums`] takes each sub-block through before the next sub-block: a whole
 /// row of GPT-OSS-20B's expert tiles (2,880 columns, 6 segments).
 const SEGMENTS_AT_ONCE: usize = 6;
@@ -129,7 +144,7 @@ const SEGMENTS_AT_ONCE: usize = 6;
 /// [`SEGMENTS_AT_ONCE`] segments, a [`sub_offset`] call each, before the next sub-block starts,
 /// where [`sums`] runs every sub-block over one segment before the next segment. GPT-OSS-20B's
 /// expert (bench_expert, MXINT8 inputs, one thread, Zen 3 VM, alternated three times) took
-/// 3.77-3.83 against 3.91-4.00 ms a call at 4 tokens and 7.26-7.34 against 7.48-7.49 at 8.
+/// 3.77-3.83 against 3.91-3.99 ms a call at 4 tokens and 7.26-7.34 against 7.48-7.49 at 8.
 /// Why was not pinned down (the VM has no hardware counters): the sub-block's rows and inputs
 /// stay the same across its six calls. One and two inputs keep the segment order: a version
 /// that took them this way, with the segments looped inside one call, ran one token 3% slower.
@@ -137,7 +152,7 @@ const SEGMENTS_AT_ONCE: usize = 6;
 /// # Safety
 /// As [`sub_offset`], over every segment of `reduction`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn offset_sums<const R: usize, const T: usize, const G: usize, const PREFETCH: bool>(
+unsafe fn offset_sums<const R: usize, const T: usize, const PREFETCH: bool>(
     w: &BlockRows<'_, R>,
     x: &[Mxint8Row<'_>; T],
     spacing: usize,
@@ -146,10 +161,10 @@ unsafe fn offset_sums<const R: usize, const T: usize, const G: usize, const PREF
     mut emit: impl Sink<R, T>,
 ) {
     let segments = reduction.segments();
-    let mut out = [[[0f32; T]; R]; G];
+    let mut out = [[[0f32; T]; R]; SEGMENTS_AT_ONCE];
     let mut first = 0;
     while first < segments {
-        let group = first..segments.min(first + G);
+        let group = first..segments.min(first + SEGMENTS_AT_ONCE);
         macro_rules! call {
             ($rr:literal, $tt:literal, $r0:expr, $t0:expr) => {{
                 let view = w.rows_from::<$rr>($r0);
@@ -162,15 +177,9 @@ unsafe fn offset_sums<const R: usize, const T: usize, const G: usize, const PREF
                     let segment = reduction.segment_blocks(s);
                     // SAFETY: forwarded from the caller.
                     let sums: [[f32; $tt]; $rr] = unsafe {
-                        if view.pair_offset == 1 {
-                            sub_offset::<MXFP4_PAIRS_SECOND, $rr, $tt, PREFETCH>(
-                                &view, &x[$t0], spacing, &segment, &shape,
-                            )
-                        } else {
-                            sub_offset::<MXFP4_PAIRS, $rr, $tt, PREFETCH>(
-                                &view, &x[$t0], spacing, &segment, &shape,
-                            )
-                        }
+                        sub_offset_of!(
+                            $rr, $tt, PREFETCH, &view, &x[$t0], spacing, &segment, &shape
+                        )
                     };
                     for (r, row) in sums.iter().enumerate() {
                         out[$r0 + r][$t0..$t0 + $tt].copy_from_slice(row);
@@ -202,9 +211,7 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
     let spacing = if pairs && packed(w) { spacing(x) } else { None };
     if let Some(spacing) = spacing.filter(|_| T >= 3) {
         // SAFETY: forwarded from the caller; `w` is packed and the inputs `spacing` apart.
-        unsafe {
-            offset_sums::<R, T, SEGMENTS_AT_ONCE, PREFETCH>(w, x, spacing, reduction, steps, emit)
-        };
+        unsafe { offset_sums::<R, T, PREFETCH>(w, x, spacing, reduction, steps, emit) };
         return;
     }
     for s in 0..reduction.segments() {
@@ -222,15 +229,9 @@ unsafe fn sums<const F: u8, const R: usize, const T: usize, const PREFETCH: bool
                 // SAFETY: forwarded from the caller.
                 let got: [[f32; $tt]; $rr] = unsafe {
                     if let Some(spacing) = spacing {
-                        if view.pair_offset == 1 {
-                            sub_offset::<MXFP4_PAIRS_SECOND, $rr, $tt, PREFETCH>(
-                                &view, &x[$t0], spacing, &segment, &shape,
-                            )
-                        } else {
-                            sub_offset::<MXFP4_PAIRS, $rr, $tt, PREFETCH>(
-                                &view, &x[$t0], spacing, &segment, &shape,
-                            )
-                        }
+                        sub_offset_of!(
+                            $rr, $tt, PREFETCH, &view, &x[$t0], spacing, &segment, &shape
+                        )
                     } else if !pairs {
                         sub::<F, $rr, $tt, PREFETCH>(&view, &inputs(), &segment, &shape)
                     } else if view.pair_offset == 1 {

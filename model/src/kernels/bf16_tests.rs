@@ -353,22 +353,37 @@ fn a_bf16_matrix_knows_its_smallest_weight_and_its_products_stay_exact() {
             for kernel in KernelChoice::ALL {
                 let mut out = vec![0f32; tokens * rows];
                 matmul_with(&x, tokens, &m, None, &mut out, kernel);
-                for t in 0..tokens {
-                    for n in 0..rows {
-                        let want = bf16_partial(
-                            &decoded[n * cols..(n + 1) * cols],
-                            &xb[t * cols..(t + 1) * cols],
-                            0,
-                            cols,
-                        ) + 0.0;
-                        assert_eq!(
-                            out[t * rows + n].to_bits(),
-                            want.to_bits(),
-                            "{tiny:#06x} {kernel:?} {tokens} tokens row {n}"
-                        );
-                    }
-                }
+                let what = format!("{tiny:#06x} {kernel:?} {tokens} tokens");
+                assert_definition(&out, &decoded, &xb, None, (rows, cols, tokens), &what);
             }
+        }
+    }
+}
+
+/// Asserts that `out` (`[tokens, rows]`, from `matmul_with` under `kernel`) holds, bit for bit,
+/// each row of `decoded` against each rounded input row of `xb` in the bf16 order, plus the bias
+/// (or `+0.0`).
+fn assert_definition(
+    out: &[f32],
+    decoded: &[f32],
+    xb: &[u16],
+    bias: Option<&[f32]>,
+    (rows, cols, tokens): (usize, usize, usize),
+    what: &str,
+) {
+    for t in 0..tokens {
+        for n in 0..rows {
+            let want = bf16_partial(
+                &decoded[n * cols..(n + 1) * cols],
+                &xb[t * cols..(t + 1) * cols],
+                0,
+                cols,
+            ) + bias.map_or(0.0, |b| b[n]);
+            assert_eq!(
+                out[t * rows + n].to_bits(),
+                want.to_bits(),
+                "{what}: token {t} row {n}"
+            );
         }
     }
 }
@@ -387,17 +402,15 @@ fn check_bf16_matmul(rows: usize, cols: usize, tokens: usize) {
         for kernel in KernelChoice::ALL {
             let mut out = vec![0f32; tokens * rows];
             matmul_with(&x, tokens, &m, Some(&bias), &mut out, kernel);
-            for t in 0..tokens {
-                for n in 0..rows {
-                    let want = bf16_partial(
-                        &decoded[n * cols..(n + 1) * cols],
-                        &xb[t * cols..(t + 1) * cols],
-                        0,
-                        cols,
-                    ) + bias[n];
-                    assert_eq!(out[t * rows + n].to_bits(), want.to_bits(), "{kernel:?}");
-                }
-            }
+            let what = format!("{kernel:?}");
+            assert_definition(
+                &out,
+                &decoded,
+                &xb,
+                Some(&bias),
+                (rows, cols, tokens),
+                &what,
+            );
             outs.push(out);
         }
         let mut one = vec![0f32; rows];

@@ -241,20 +241,11 @@ fn task_blocks(count: usize, tokens: usize, job: &mut Tile<'_>) {
     }
     match tokens - t {
         0 => {}
-        5 => job.run::<ROWS_PER_TASK, 5>(0, t),
-        left => token_quads::<ROWS_PER_TASK>(0, left, &mut FromToken { job, t }),
-    }
-}
-
-/// A [`Tile`]'s register blocks counted from token `t` on.
-struct FromToken<'a, 'b> {
-    job: &'a mut Tile<'b>,
-    t: usize,
-}
-
-impl BlockJob for FromToken<'_, '_> {
-    fn run<const R: usize, const T: usize>(&mut self, r0: usize, t0: usize) {
-        self.job.run::<R, T>(r0, self.t + t0);
+        1 => job.run::<ROWS_PER_TASK, 1>(0, t),
+        2 => job.run::<ROWS_PER_TASK, 2>(0, t),
+        3 => job.run::<ROWS_PER_TASK, 3>(0, t),
+        4 => job.run::<ROWS_PER_TASK, 4>(0, t),
+        _ => job.run::<ROWS_PER_TASK, 5>(0, t),
     }
 }
 
