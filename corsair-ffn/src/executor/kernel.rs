@@ -28,7 +28,8 @@ use crate::format::TileFormat;
 use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES};
 
 /// How far ahead (bytes) the kernel prefetches a tile's weights, except for one token: over
-/// the tiles of [`ONE_TOKEN_PREFETCH_BYTES`], or over another dense (bf16, f16, f32) tile,
+/// the tiles of [`ONE_TOKEN_PREFETCH_BYTES`] and [`ONE_TOKEN_BF16_PREFETCH_BYTES`], or over
+/// another dense (bf16, f16, f32) tile,
 /// whose stream the hardware prefetcher followed better alone on a 2-core AMD EPYC (Zen 4,
 /// AVX-512) VM: bench_expert's GPT-OSS-20B expert in bf16 (one thread, one token) streamed at
 /// 16.9-17.9 GB/s without the software prefetch against 14.4-15.8 with it (bf16 inputs; f32
@@ -37,19 +38,30 @@ use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES};
 /// 1.40-1.61 against 1.37-1.51 ms). From two tokens on either way was within the noise.
 const PREFETCH_BYTES: usize = 8192;
 
-/// The prefetch distance for one token over an MXFP4 tile (row pairs, a short decode), or over
-/// a bf16 tile that the kernel reads in one pass ([`bf16_reads_one_input_in_one_pass`] for
-/// bf16 inputs, [`block_sums_read_one_input_in_one_pass`] for f32 ones: the AVX2 paths'
-/// eight-row sub-blocks).
-/// - MXFP4: bench_expert's GPT-OSS-20B expert (bf16 inputs, one thread, Zen 4 VM), the
-///   distances taken in turn in one run, took 0.85-0.90 ms a call at 2 KB against 0.92-0.99
-///   at 8 KB, 0.89-0.96 at 4 KB and 0.94-1.08 without (three runs).
-/// - bf16: the same expert in bf16 (bf16 inputs, one thread, Zen 3 VM) streamed 12.0-12.8 GB/s
-///   with 2 KB against 8.4-10.6 without, alternated three times (4 KB: 11.8-13.9). With f32
-///   inputs, eight-row sub-blocks and 2 KB took 3.5-4.0 ms a call against 5.1-6.3 in two-row
-///   sub-blocks without a prefetch (12.5-14.3 against 7.9-9.7 GB/s), the builds alternated
-///   six times (level in one of them).
+/// The prefetch distance for one token over an MXFP4 tile (row pairs, a short decode):
+/// bench_expert's GPT-OSS-20B expert (bf16 inputs, one thread, Zen 4 VM), the distances taken
+/// in turn in one run, took 0.85-0.90 ms a call at 2 KB against 0.92-0.99 at 8 KB, 0.89-0.96 at
+/// 4 KB and 0.94-1.08 without (three runs). On a Zen 3 VM with MXINT8 inputs (two processes side
+/// by side, as two cards, alternated twice) 2 KB still took 1.07-1.09 ms against 1.11-1.16 at
+/// 1 KB and 1.19-1.25 at 512 bytes.
 const ONE_TOKEN_PREFETCH_BYTES: usize = 2048;
+
+/// The prefetch distance for one token over a bf16 tile that the kernel reads in one pass
+/// ([`bf16_reads_one_input_in_one_pass`] for bf16 inputs, [`block_sums_read_one_input_in_one_pass`]
+/// for f32 ones: the AVX2 paths' eight-row sub-blocks), whose eight rows take 512 bytes a
+/// block. bench_expert, one token, one thread, Zen 3 VM, ms a call, 1 KB against 2 KB (the
+/// distance these tiles shared with MXFP4's before), alternated three times:
+/// - the medium Mixtral expert (768 x 2,048), f32 inputs, two processes side by side as two
+///   cards: 0.70-0.73 against 0.82-0.87 (768 bytes 0.73-0.80, 1.5 KB 0.83-0.86); alone 0.68-0.70
+///   against 0.80-0.81;
+/// - GPT-OSS-20B's expert, alone: f32 inputs 3.16-3.36 against 3.68-3.86, bf16 inputs
+///   3.72-3.76 against 3.84-4.05.
+///
+/// Earlier, on the same kind of VM, 2 KB had beaten no prefetch (bf16 inputs: 12.0-12.8 GB/s
+/// against 8.4-10.6) and 4 KB; 1 KB had not been tried. From two tokens on, the longer
+/// [`PREFETCH_BYTES`] stays: the medium expert at 2 and 4 tokens was slower at every shorter
+/// distance tried (1-4 KB).
+const ONE_TOKEN_BF16_PREFETCH_BYTES: usize = 1024;
 
 /// Rows per group in tile storage.
 pub const ROW_GROUP: usize = 8;
@@ -302,7 +314,9 @@ pub fn tile_partials(
                     TileInput::Paired(_) => block_sums_read_one_input_in_one_pass(kernel),
                     TileInput::Mxint8 { .. } => false,
                 }));
-    let prefetch = if short_prefetch {
+    let prefetch = if short_prefetch && tile.format == TileFormat::Bf16 {
+        ONE_TOKEN_BF16_PREFETCH_BYTES
+    } else if short_prefetch {
         ONE_TOKEN_PREFETCH_BYTES
     } else if tokens > 1 || tile.format.has_scales() {
         PREFETCH_BYTES

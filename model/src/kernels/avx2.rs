@@ -456,7 +456,8 @@ pub(super) const fn sub_rows(tokens: usize) -> usize {
 /// a quarter of every block's bytes. The sixteen accumulators do not all fit in registers, and
 /// some live on the stack, which costs less than the passes. GPT-OSS-20B's bf16 expert in
 /// bench_expert (one token, one thread, Zen 3 VM), with the 2 KB prefetch of one-token tiles
-/// (`ONE_TOKEN_PREFETCH_BYTES` in corsair-ffn's executor): bf16 inputs streamed 12.0-13.7 GB/s
+/// (then `ONE_TOKEN_PREFETCH_BYTES` in corsair-ffn's executor; 1 KB since, in
+/// `ONE_TOKEN_BF16_PREFETCH_BYTES`): bf16 inputs streamed 12.0-13.7 GB/s
 /// against 8.0-10.1 in two-row sub-blocks and 8.7-12.2 in four-row ones (builds alternated
 /// three times); f32 inputs 12.5-14.3 against 7.9-9.7 (six times, level in one).
 pub(super) const fn sub_rows_for<const F: u8>(tokens: usize, rows_first: bool) -> usize {
