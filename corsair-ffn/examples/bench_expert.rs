@@ -1,11 +1,12 @@
 //! The card executor's expert FFN on GPT-OSS-20B's expert shape (hidden 2880, intermediate
-//! 2880, weights made in memory), at 1 to 32 tokens, MXFP4 and bf16: weight bytes streamed per
+//! 2880, or another: `--hidden`, `--intermediate`; weights made in memory), at 1 to 32 tokens, MXFP4 and bf16: weight bytes streamed per
 //! second against a memcpy of the same bytes measured in the same run, and GFLOP/s; then the
 //! reference forward's kernels (`model::forward::moe::gated_mlp`) on the same experts and token
 //! counts, on the rayon pool (set `RAYON_NUM_THREADS=1` to compare with one card thread).
 //!
 //! `cargo run --release -p corsair-ffn --example bench_expert [-- --seconds S] [--format mxfp4|bf16]
-//! [--tokens N] [--threads N] [--activations f32|bf16|mxint8] [--experts N] [--kernel-only]`
+//! [--tokens N] [--threads N] [--activations f32|bf16|mxint8] [--experts N] [--kernel-only]
+//! [--hidden N] [--intermediate N]`
 //!
 //! Calls cycle over several experts (6 MXFP4 or 3 bf16 ones, or `--experts N`) so the working
 //! set is larger than the last-level cache: every call streams one expert's weights from DRAM,
@@ -25,6 +26,8 @@ use corsair_ffn::{Card, CardOptions};
 use model::kernels::ActivationDtype;
 use model::weights::{GatedMlp, WeightFormat};
 
+/// GPT-OSS-20B's expert shape, the default (`--hidden`, `--intermediate` take another: the
+/// medium Mixtral's is 768 and 2,048).
 const HIDDEN: usize = 2880;
 const INTER: usize = 2880;
 /// Token counts timed: decode of one sequence, the few rows an expert gets in a decode batch,
@@ -83,6 +86,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .and_then(|i| args.get(i + 1))
     };
     let seconds: f64 = flag("--seconds").map_or(Ok(2.0), |v| v.parse())?;
+    let hidden: usize = flag("--hidden").map_or(Ok(HIDDEN), |v| v.parse())?;
+    let inter: usize = flag("--intermediate").map_or(Ok(INTER), |v| v.parse())?;
+    if hidden == 0 || inter == 0 || !hidden.is_multiple_of(32) || !inter.is_multiple_of(32) {
+        return Err(format!(
+            "--hidden {hidden} and --intermediate {inter} must be positive multiples of 32"
+        )
+        .into());
+    }
     // Optional filters: --format mxfp4|bf16, --tokens N, --threads N.
     let only_format = flag("--format").cloned();
     let only_tokens: Option<usize> = flag("--tokens").map(|v| v.parse()).transpose()?;
@@ -93,9 +104,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         flag("--activations").map_or(Ok(ActivationDtype::F32), |v| v.parse())?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "expert FFN: gate+up {}x{HIDDEN}, down {HIDDEN}x{INTER}; {threads} threads available; \
+        "expert FFN: gate+up {}x{hidden}, down {hidden}x{inter}; {threads} threads available; \
          each round times memcpy (1 and {threads} threads) and the executor on the same experts; medians",
-        2 * INTER
+        2 * inter
     );
     println!(
         "{:<6} {:>6} {:>7} {:>9} {:>12} {:>13} {:>13} {:>7} {:>7} {:>8}",
@@ -121,7 +132,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if only_format.as_deref().is_some_and(|f| f != name) {
             continue;
         }
-        let cfg = gpt_oss_config(1, experts, 1, HIDDEN, INTER, 64);
+        let cfg = gpt_oss_config(1, experts, 1, hidden, inter, 64);
         let mut weights = SyntheticWeights::random(&cfg, format, 1, &|_, _| true);
         for layer in &mut weights.layers {
             if let SyntheticLayer::Moe(mlps) = layer {
@@ -185,7 +196,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     },
                 )?;
                 let mut rng = SplitMix::new(2, tokens as u64);
-                let x: Vec<f32> = (0..tokens * HIDDEN).map(|_| rng.symmetric()).collect();
+                let x: Vec<f32> = (0..tokens * hidden).map(|_| rng.symmetric()).collect();
                 let mut call = |e: usize| {
                     let slots = vec![
                         Slot {
@@ -225,7 +236,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let (r1, rn) = (ratio(&c1), ratio(&cn));
                 let per_call = median(k.clone());
                 let gbs = bytes as f64 / per_call / 1e9;
-                let flops = 2.0 * tokens as f64 * (3 * HIDDEN * INTER) as f64 / per_call / 1e9;
+                let flops = 2.0 * tokens as f64 * (3 * hidden * inter) as f64 / per_call / 1e9;
                 println!(
                     "{name:<6} {tokens:>6} {t:>7} {:>9.3} {gbs:>12.1} {:>13.1} {:>13.1} {:>6.0}% {:>6.0}% {flops:>8.1}",
                     per_call * 1e3,
@@ -246,7 +257,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 continue;
             }
             let mut rng = SplitMix::new(3, tokens as u64);
-            let x: Vec<f32> = (0..tokens * HIDDEN).map(|_| rng.symmetric()).collect();
+            let x: Vec<f32> = (0..tokens * hidden).map(|_| rng.symmetric()).collect();
             let mut r = Vec::new();
             let start = Instant::now();
             while start.elapsed().as_secs_f64() < seconds / 2.0 || r.len() < 5 {
@@ -262,7 +273,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
             let per_call = median(r);
-            let flops = 2.0 * tokens as f64 * (3 * HIDDEN * INTER) as f64 / per_call / 1e9;
+            let flops = 2.0 * tokens as f64 * (3 * hidden * inter) as f64 / per_call / 1e9;
             println!(
                 "{name:<6} {tokens:>6} {:>7} {:>9.3} {:>12.1} {:>44} {flops:>8.1}",
                 format!("ref {}", rayon::current_num_threads()),
