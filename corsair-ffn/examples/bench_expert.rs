@@ -1,8 +1,9 @@
 //! The card executor's expert FFN on GPT-OSS-20B's expert shape (hidden 2880, intermediate
-//! 2880, or another: `--hidden`, `--intermediate`; weights made in memory), at 1 to 32 tokens, MXFP4 and bf16: weight bytes streamed per
-//! second against a memcpy of the same bytes measured in the same run, and GFLOP/s; then the
-//! reference forward's kernels (`model::forward::moe::gated_mlp`) on the same experts and token
-//! counts, on the rayon pool (set `RAYON_NUM_THREADS=1` to compare with one card thread).
+//! 2880, or another: `--hidden`, `--intermediate`; weights made in memory), at 1 to 32 tokens,
+//! MXFP4 and bf16: weight bytes streamed per second against a memcpy of the same bytes
+//! measured in the same run, and GFLOP/s; then the reference forward's kernels
+//! (`model::forward::moe::gated_mlp`) on the same experts and token counts, on the rayon pool
+//! (set `RAYON_NUM_THREADS=1` to compare with one card thread).
 //!
 //! `cargo run --release -p corsair-ffn --example bench_expert [-- --seconds S] [--format mxfp4|bf16]
 //! [--tokens N] [--threads N] [--activations f32|bf16|mxint8] [--experts N] [--kernel-only]

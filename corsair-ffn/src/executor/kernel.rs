@@ -29,13 +29,13 @@ use crate::numerics::{BLOCK, BLOCKS_PER_SEGMENT, LANES};
 
 /// How far ahead (bytes) the kernel prefetches a tile's weights, except for one token: over
 /// the tiles of [`ONE_TOKEN_PREFETCH_BYTES`] and [`ONE_TOKEN_BF16_PREFETCH_BYTES`], or over
-/// another dense (bf16, f16, f32) tile,
-/// whose stream the hardware prefetcher followed better alone on a 2-core AMD EPYC (Zen 4,
-/// AVX-512) VM: bench_expert's GPT-OSS-20B expert in bf16 (one thread, one token) streamed at
-/// 16.9-17.9 GB/s without the software prefetch against 14.4-15.8 with it (bf16 inputs; f32
-/// inputs 14.6-15.9 against 12.1-12.5), both builds alternated 3 times. MXFP4 tiles, decoded
-/// in registers and read more slowly, keep a prefetch (without, their f32-input call took
-/// 1.40-1.61 against 1.37-1.51 ms). From two tokens on either way was within the noise.
+/// another dense (bf16, f16, f32) tile, whose stream the hardware prefetcher followed better
+/// alone on a 2-core AMD EPYC (Zen 4, AVX-512) VM: bench_expert's GPT-OSS-20B expert in bf16
+/// (one thread, one token) streamed at 16.9-17.9 GB/s without the software prefetch against
+/// 14.4-15.8 with it (bf16 inputs; f32 inputs 14.6-15.9 against 12.1-12.5), both builds
+/// alternated 3 times. MXFP4 tiles, decoded in registers and read more slowly, keep a prefetch
+/// (without, their f32-input call took 1.40-1.61 against 1.37-1.51 ms). From two tokens on
+/// either way was within the noise.
 const PREFETCH_BYTES: usize = 8192;
 
 /// The prefetch distance for one token over an MXFP4 tile (row pairs, a short decode):
