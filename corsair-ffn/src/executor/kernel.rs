@@ -306,22 +306,23 @@ pub fn tile_partials(
         out.len() >= tokens * tile.rows * per_row,
         "tile output too short"
     );
-    let short_prefetch = tokens == 1
-        && (tile.format == TileFormat::Mxfp4
-            || (tile.format == TileFormat::Bf16
-                && match x {
-                    TileInput::Bf16(_) => bf16_reads_one_input_in_one_pass(kernel),
-                    TileInput::Paired(_) => block_sums_read_one_input_in_one_pass(kernel),
-                    TileInput::Mxint8 { .. } => false,
-                }));
-    let prefetch = if short_prefetch && tile.format == TileFormat::Bf16 {
-        ONE_TOKEN_BF16_PREFETCH_BYTES
-    } else if short_prefetch {
-        ONE_TOKEN_PREFETCH_BYTES
-    } else if tokens > 1 || tile.format.has_scales() {
-        PREFETCH_BYTES
-    } else {
-        0
+    // One token over the tiles read in one pass takes their own, shorter distance.
+    let one_token = match (tile.format, x) {
+        (TileFormat::Mxfp4, _) => Some(ONE_TOKEN_PREFETCH_BYTES),
+        (TileFormat::Bf16, TileInput::Bf16(_)) if bf16_reads_one_input_in_one_pass(kernel) => {
+            Some(ONE_TOKEN_BF16_PREFETCH_BYTES)
+        }
+        (TileFormat::Bf16, TileInput::Paired(_))
+            if block_sums_read_one_input_in_one_pass(kernel) =>
+        {
+            Some(ONE_TOKEN_BF16_PREFETCH_BYTES)
+        }
+        _ => None,
+    };
+    let prefetch = match one_token.filter(|_| tokens == 1) {
+        Some(distance) => distance,
+        None if tokens > 1 || tile.format.has_scales() => PREFETCH_BYTES,
+        None => 0,
     };
     // The first bytes of the tile are requested all at once (the running prefetch in the
     // kernel covers the rest), so the tile's start does not wait line by line.

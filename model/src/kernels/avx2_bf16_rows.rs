@@ -142,9 +142,10 @@ const ROWS_AHEAD: usize = 4;
 /// chunk), then the rows run over the next chunk; each segment's inputs are widened once,
 /// block by block. Rows whose smallest weight is known in advance
 /// ([`BlockRows::with_smallest_weight_exponent`]) skip watching each block's magnitudes, six
-/// instructions a block beside its 4 x T multiply-adds. At each block, the row [`ROWS_AHEAD`] further on is asked for at the same
-/// place, a line at a time: read this way, the rows are as many streams broken a chunk at a
-/// time, which the hardware prefetcher does not follow far enough ahead.
+/// instructions a block beside its 4 x T multiply-adds. At each block, the row [`ROWS_AHEAD`]
+/// further on is asked for at the same place, a line at a time: read this way, the rows are as
+/// many streams broken a chunk at a time, which the hardware prefetcher does not follow far
+/// enough ahead.
 ///
 /// It replaced two reads. One input read the rows one after another, one stream left to the
 /// hardware prefetcher. Two to four inputs took the chunked path (sub-blocks of one or two

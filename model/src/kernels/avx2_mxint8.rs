@@ -124,7 +124,10 @@ macro_rules! walk_sub_blocks {
 /// one expression for both of its callers (a macro, not a function, so the call compiles as
 /// written where it stands; the one-token path's speed moved with small changes around it).
 macro_rules! sub_offset_of {
-    ($rr:literal, $tt:literal, $prefetch:ident, $view:expr, $x0:expr, $spacing:expr, $segment:expr, $shape:expr) => {
+    (
+        $rr:literal, $tt:literal, $prefetch:ident,
+        $view:expr, $x0:expr, $spacing:expr, $segment:expr, $shape:expr
+    ) => {
         if $view.pair_offset == 1 {
             sub_offset::<MXFP4_PAIRS_SECOND, $rr, $tt, $prefetch>(
                 $view, $x0, $spacing, $segment, $shape,
