@@ -211,7 +211,9 @@ impl DisaggregatedNode {
         let ffn_input = match pool {
             Some(pool) => {
                 let (compute, config) = (&mut self.compute, &self.config);
-                let out = pool.install(|| compute.attention(config, layer, mb, tables))?;
+                let out = step::compute::run_on_sleeping(pool, || {
+                    compute.attention(config, layer, mb, tables)
+                })?;
                 self.stats.solo_layers += 1;
                 out
             }
