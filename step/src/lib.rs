@@ -1,8 +1,9 @@
 //! The step API of one attention node: what the router drives, in process or over tonic.
 //!
 //! Owns the types a step is made of ([`StepBatch`], [`StepEntry`], [`StepOutput`], ...), the
-//! [`AttentionNode`] trait, and [`compute::on_own_pool`], which puts the thread that steps a
-//! node at the head of its own compute pool.
+//! [`AttentionNode`] trait, [`compute::on_own_pool`], which puts the thread that steps a node
+//! at the head of its own compute pool, and [`compute::run_on_sleeping`], which hands work to
+//! another pool while that thread sleeps.
 //!
 //! Must not: depend on the numerics or the transport (candle, quinn, tonic) or on any afd crate
 //! but `model`'s light part (its sampling parameters), so that the router and the HTTP server

@@ -430,6 +430,16 @@ mod tests {
         fn members(&self, turns: &Arc<CpuTurns>) -> Vec<TurnMember> {
             self.inboxes.iter().map(|r| turns.join(r.probe())).collect()
         }
+
+        /// Lands a message in inbox 0 and waits, on this thread, for `member`'s turn to
+        /// compute it.
+        fn turn_here<'m>(&self, member: &'m TurnMember) -> Turn<'m> {
+            self.land(0);
+            let landed = self.pick_up(0);
+            member
+                .wait(landed, &AtomicBool::new(false))
+                .expect("a turn")
+        }
     }
 
     /// `member`'s turn for a message that landed at `landed`, waited for on another thread
@@ -540,10 +550,7 @@ mod tests {
         let last = *before.last().expect("a CPU to run on");
         let turns = CpuTurns::pinned(vec![last]);
         let m = f.members(&turns);
-        f.land(0);
-        let landed = f.pick_up(0);
-        let stop = AtomicBool::new(false);
-        let turn = m[0].wait(landed, &stop).expect("a turn");
+        let turn = f.turn_here(&m[0]);
         assert_eq!(
             affinity::allowed_cpus(),
             vec![last],
@@ -581,10 +588,7 @@ mod tests {
         let settled = affinity::pin_current(here).expect("the test thread pinned");
         let turns = CpuTurns::pinned(vec![other, here]);
         let m = f.members(&turns);
-        f.land(0);
-        let landed = f.pick_up(0);
-        let stop = AtomicBool::new(false);
-        let turn = m[0].wait(landed, &stop).expect("a turn");
+        let turn = f.turn_here(&m[0]);
         assert_eq!(turn.slot, Some(1), "took the turn of another CPU");
         // SAFETY: sched_getcpu takes nothing and only reads the calling thread's CPU.
         assert_eq!(unsafe { libc::sched_getcpu() }, here as i32);
