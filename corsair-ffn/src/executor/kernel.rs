@@ -307,22 +307,19 @@ pub fn tile_partials(
         "tile output too short"
     );
     // One token over the tiles read in one pass takes their own, shorter distance.
-    let one_token = match (tile.format, x) {
-        (TileFormat::Mxfp4, _) => Some(ONE_TOKEN_PREFETCH_BYTES),
+    let prefetch = match (tile.format, x) {
+        _ if tokens > 1 => PREFETCH_BYTES,
+        (TileFormat::Mxfp4, _) => ONE_TOKEN_PREFETCH_BYTES,
         (TileFormat::Bf16, TileInput::Bf16(_)) if bf16_reads_one_input_in_one_pass(kernel) => {
-            Some(ONE_TOKEN_BF16_PREFETCH_BYTES)
+            ONE_TOKEN_BF16_PREFETCH_BYTES
         }
         (TileFormat::Bf16, TileInput::Paired(_))
             if block_sums_read_one_input_in_one_pass(kernel) =>
         {
-            Some(ONE_TOKEN_BF16_PREFETCH_BYTES)
+            ONE_TOKEN_BF16_PREFETCH_BYTES
         }
-        _ => None,
-    };
-    let prefetch = match one_token.filter(|_| tokens == 1) {
-        Some(distance) => distance,
-        None if tokens > 1 || tile.format.has_scales() => PREFETCH_BYTES,
-        None => 0,
+        _ if tile.format.has_scales() => PREFETCH_BYTES,
+        _ => 0,
     };
     // The first bytes of the tile are requested all at once (the running prefetch in the
     // kernel covers the rest), so the tile's start does not wait line by line.

@@ -241,7 +241,7 @@ impl TurnMember {
         let slot = state
             .turns
             .iter()
-            .position(|t| !t.taken && here.is_some() && t.cpu == here)
+            .position(|t| !t.taken && here.is_some_and(|c| t.cpu == Some(c)))
             .or_else(|| state.turns.iter().position(|t| !t.taken));
         let cpu = slot.and_then(|i| {
             state.turns[i].taken = true;
