@@ -10,7 +10,8 @@
 //! instructions), [`compiler`] (share -> program from the model's shape alone), [`sanitizer`]
 //! (proves every program), [`perf`] and [`report`] (modeled time, memory use by region kind),
 //! [`weights`] (binding a checkpoint to a program), [`executor`] and [`card`] (running it on the
-//! CPU), [`reference`](mod@reference) (the plain software model the executor must equal bit for
+//! CPU), [`host_cpus`] (where and how the threads computing a card run),
+//! [`reference`](mod@reference) (the plain software model the executor must equal bit for
 //! bit), [`lm_head`] (vocabulary-shard proposals), [`synthetic`] (weights made in memory for
 //! tests and benchmarks), and the card service on top.
 //!
@@ -23,6 +24,7 @@ pub mod compiler;
 pub mod error;
 pub mod executor;
 pub mod format;
+pub mod host_cpus;
 pub mod lm_head;
 pub mod numerics;
 pub mod perf;

@@ -172,14 +172,14 @@ fn partitioned(model: &Path) {
     // One compute thread for the node's tensor work, on CPU 0.
     rayon::ThreadPoolBuilder::new()
         .num_threads(1)
-        .start_handler(|_| corsair_ffn::executor::pin_to_mask(0b01, 0))
+        .start_handler(|_| corsair_ffn::host_cpus::pin_to_mask(0b01, 0))
         .build_global()
         .expect("the node's compute pool");
     let mut on = afd_on(model, TransportKind::Quic, MicroBatches::Two, 0b10, false);
     let mut off = afd_on(model, TransportKind::Quic, MicroBatches::One, 0b10, true);
     // Pinned after the clusters start, so that the endpoints' idle drivers (see
     // `jetstream::EndpointRuntime`) stay free to run on either CPU.
-    corsair_ffn::executor::pin_to_mask(0b01, 0);
+    corsair_ffn::host_cpus::pin_to_mask(0b01, 0);
     for batch in [8usize, 32] {
         let (mut a, mut b) = (vec![], vec![]);
         let (mut cards_on, mut cards_off) = (vec![], vec![]);

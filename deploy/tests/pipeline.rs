@@ -254,3 +254,46 @@ fn a_traced_run_lays_every_card_message_beside_the_node_spans() {
     // Taken once: the log starts empty again.
     assert!(c.take_card_spans().is_empty());
 }
+
+/// The card workers run as batch work (`corsair_ffn::host_cpus::run_as_batch_work`): a message
+/// landing wakes its card without preempting the node's stepping thread, which still has the
+/// layer's other messages to send.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_card_workers_run_as_batch_work() {
+    let dir = fixture("gpt-oss-bf16");
+    let mut c = cluster(&dir, 2, TransportKind::Quic);
+    let mut node = c.take_nodes().remove(0);
+    let request = GenerationRequest {
+        prompt: vec![3, 14, 15],
+        max_tokens: 2,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+    };
+    // Every worker has computed a message by now, so each has set up its thread.
+    driver::generate(&mut node, std::slice::from_ref(&request), 0).unwrap();
+    // Other tests' clusters may run in this process too: their workers count alike, and
+    // one that ended meanwhile is skipped.
+    let policies: Vec<(String, i32)> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| {
+            let task = task.ok()?;
+            let name = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            let name = name.trim();
+            if !(name.starts_with("card-") && name.ends_with("-worker")) {
+                return None;
+            }
+            let tid: i32 = task.file_name().to_str()?.parse().ok()?;
+            // SAFETY: reads the policy of a thread of this process; -1 if it has ended.
+            let policy = unsafe { libc::sched_getscheduler(tid) };
+            (policy >= 0).then(|| (name.to_string(), policy))
+        })
+        .collect();
+    assert!(
+        policies.len() >= 2,
+        "this cluster's two workers: {policies:?}"
+    );
+    for (name, policy) in &policies {
+        assert_eq!(*policy, libc::SCHED_BATCH, "{name} is not batch work");
+    }
+}

@@ -13,6 +13,7 @@ use rayon::prelude::*;
 
 use crate::assignment::Span;
 use crate::error::{Error, Result};
+use crate::host_cpus::{pin_to_mask, run_as_batch_work};
 use crate::lm_head::{CandidateOptions, LmProposal, RowSampling, propose};
 use crate::numerics::padded;
 use crate::program::{Matrix, Op, OutLayout, Program, RegionId, RowCount, Tile};
@@ -50,19 +51,6 @@ pub struct ExecOptions {
     /// to the OS. Pinning cards and the attention node to separate CPUs makes them behave like
     /// separate devices on a small host (each thread is pinned to one CPU of the mask, in turn).
     pub cpu_mask: u64,
-}
-
-/// Pins the calling thread to the `index`-th CPU of `mask` (cycling); nothing when `mask` is 0
-/// or the OS refuses.
-pub fn pin_to_mask(mask: u64, index: usize) {
-    let cpus: Vec<usize> = (0..64).filter(|b| mask & (1u64 << b) != 0).collect();
-    if cpus.is_empty() {
-        return;
-    }
-    let id = cpus[index % cpus.len()];
-    if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
-        tracing::warn!(cpu = id, "could not pin a thread to its CPU");
-    }
 }
 
 /// What one call needs besides the program.
@@ -111,7 +99,10 @@ impl Executor {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(options.threads)
                 .thread_name(|i| format!("corsair-exec-{i}"))
-                .start_handler(move |i| pin_to_mask(mask, i))
+                .start_handler(move |i| {
+                    run_as_batch_work();
+                    pin_to_mask(mask, i)
+                })
                 .build()
                 .map_err(Error::ExecutorThreads)?;
             Some(std::sync::Arc::new(pool))

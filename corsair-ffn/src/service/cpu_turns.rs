@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use jetstream::CompletionProbe;
 
 use crate::executor::ExecOptions;
+use crate::host_cpus;
 
 /// How often a waiting worker checks whether it should stop.
 const POLL: Duration = Duration::from_millis(200);
@@ -109,7 +110,7 @@ impl CpuTurns {
             n => n,
         };
         if per_card == 1 {
-            let usable: Vec<usize> = affinity::allowed_cpus()
+            let usable: Vec<usize> = host_cpus::allowed_cpus()
                 .into_iter()
                 .filter(|&c| exec.cpu_mask == 0 || (c < 64 && exec.cpu_mask & (1 << c) != 0))
                 .collect();
@@ -237,7 +238,7 @@ impl TurnMember {
         // `may_start` saw a free turn. The one on this thread's CPU, where there is one: the
         // two workers of a 2-CPU host, woken each on the other's turn CPU, would otherwise
         // both be migrated before their first multiply.
-        let here = affinity::current_cpu();
+        let here = host_cpus::current_cpu();
         let slot = state
             .turns
             .iter()
@@ -248,7 +249,7 @@ impl TurnMember {
             state.turns[i].cpu
         });
         drop(state);
-        let pinned = cpu.and_then(affinity::pin_current);
+        let pinned = cpu.and_then(host_cpus::pin_current);
         Some(Turn {
             member: self,
             slot,
@@ -278,7 +279,7 @@ pub struct Turn<'a> {
     /// Which turn it holds.
     slot: Option<usize>,
     /// The worker's CPUs before it was pinned, put back with the turn.
-    pinned: Option<affinity::Saved>,
+    pinned: Option<host_cpus::Saved>,
 }
 
 impl Drop for Turn<'_> {
@@ -295,76 +296,6 @@ impl Drop for Turn<'_> {
             m.running = false;
         }
         state.wake_startable();
-    }
-}
-
-/// Thread affinity, where the OS has it (Linux); elsewhere turns are not pinned.
-mod affinity {
-    /// A thread's CPUs before it was pinned.
-    #[derive(Debug)]
-    pub struct Saved {
-        #[cfg(target_os = "linux")]
-        set: libc::cpu_set_t,
-    }
-
-    /// The CPUs this thread may run on, in order.
-    pub fn allowed_cpus() -> Vec<usize> {
-        core_affinity::get_core_ids()
-            .unwrap_or_default()
-            .iter()
-            .map(|c| c.id)
-            .collect()
-    }
-
-    /// The CPU this thread runs on now, where the OS says.
-    #[cfg(target_os = "linux")]
-    pub fn current_cpu() -> Option<usize> {
-        // SAFETY: no arguments; returns -1 on failure.
-        usize::try_from(unsafe { libc::sched_getcpu() }).ok()
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    pub fn current_cpu() -> Option<usize> {
-        None
-    }
-
-    /// Pins this thread to `cpu`, returning its CPUs before; `None` if the OS refused.
-    #[cfg(target_os = "linux")]
-    pub fn pin_current(cpu: usize) -> Option<Saved> {
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        // SAFETY: both sets are plain bit sets sized as passed; CPU_SET checks `cpu`'s range.
-        unsafe {
-            let mut before: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, size, &mut before) != 0 {
-                return None;
-            }
-            let mut one: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut one);
-            if libc::sched_setaffinity(0, size, &one) != 0 {
-                return None;
-            }
-            Some(Saved { set: before })
-        }
-    }
-
-    impl Saved {
-        /// Lets the thread run where it could before.
-        #[cfg(target_os = "linux")]
-        pub fn restore(self) {
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            // SAFETY: the set came from sched_getaffinity with the same size.
-            if unsafe { libc::sched_setaffinity(0, size, &self.set) } != 0 {
-                tracing::warn!("could not give a card worker its CPUs back after a turn");
-            }
-        }
-
-        #[cfg(not(target_os = "linux"))]
-        pub fn restore(self) {}
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    pub fn pin_current(_cpu: usize) -> Option<Saved> {
-        None
     }
 }
 
@@ -546,13 +477,13 @@ mod tests {
     #[test]
     fn a_pinned_turn_computes_on_its_cpu_and_gives_the_cpus_back() {
         let f = fixture(1);
-        let before = affinity::allowed_cpus();
+        let before = host_cpus::allowed_cpus();
         let last = *before.last().expect("a CPU to run on");
         let turns = CpuTurns::pinned(vec![last]);
         let m = f.members(&turns);
         let turn = f.turn_here(&m[0]);
         assert_eq!(
-            affinity::allowed_cpus(),
+            host_cpus::allowed_cpus(),
             vec![last],
             "pinned to the turn's CPU"
         );
@@ -568,7 +499,7 @@ mod tests {
         };
         assert_eq!(taken(&turns), vec![true]);
         drop(turn);
-        assert_eq!(affinity::allowed_cpus(), before, "the CPUs given back");
+        assert_eq!(host_cpus::allowed_cpus(), before, "the CPUs given back");
         assert_eq!(taken(&turns), vec![false]);
     }
 
@@ -576,7 +507,7 @@ mod tests {
     #[test]
     fn a_worker_takes_the_free_turn_on_the_cpu_it_runs_on() {
         let f = fixture(1);
-        let before = affinity::allowed_cpus();
+        let before = host_cpus::allowed_cpus();
         let here = *before.last().expect("a CPU to run on");
         // Another CPU listed first; on a 1-CPU host one that does not exist (pinning to it
         // fails, which only leaves the worker where it is).
@@ -585,7 +516,7 @@ mod tests {
             .copied()
             .find(|&c| c != here)
             .unwrap_or(here + 1);
-        let settled = affinity::pin_current(here).expect("the test thread pinned");
+        let settled = host_cpus::pin_current(here).expect("the test thread pinned");
         let turns = CpuTurns::pinned(vec![other, here]);
         let m = f.members(&turns);
         let turn = f.turn_here(&m[0]);
@@ -594,7 +525,7 @@ mod tests {
         assert_eq!(unsafe { libc::sched_getcpu() }, here as i32);
         drop(turn);
         settled.restore();
-        assert_eq!(affinity::allowed_cpus(), before, "the CPUs given back");
+        assert_eq!(host_cpus::allowed_cpus(), before, "the CPUs given back");
     }
 
     #[test]

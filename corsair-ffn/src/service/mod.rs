@@ -407,7 +407,10 @@ impl CardHost {
         let handle = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
-                crate::executor::pin_to_mask(mask, 0);
+                // Waking a card must not preempt the stepping thread that sends the layer's
+                // other messages (see `host_cpus::run_as_batch_work`).
+                crate::host_cpus::run_as_batch_work();
+                crate::host_cpus::pin_to_mask(mask, 0);
                 worker.run()
             })
             .map_err(ServiceError::WorkerThread)?;
