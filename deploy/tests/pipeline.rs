@@ -200,6 +200,16 @@ fn seeded_sampling_gives_the_same_tokens_for_every_card_count() {
     }
 }
 
+/// A three-token prompt decoded greedily for `max_tokens` tokens.
+fn short_greedy_request(max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt: vec![3, 14, 15],
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+    }
+}
+
 /// With tracing on, every message a card computed is on the run's timeline, between its
 /// landing and its reply, beside the node's spans.
 #[test]
@@ -209,12 +219,7 @@ fn a_traced_run_lays_every_card_message_beside_the_node_spans() {
     config.node.trace = true;
     let mut c = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
     let mut node = c.take_nodes().remove(0);
-    let request = GenerationRequest {
-        prompt: vec![3, 14, 15],
-        max_tokens: 4,
-        sampling: SamplingParams::greedy(),
-        stop_token_ids: vec![],
-    };
+    let request = short_greedy_request(4);
     driver::generate(&mut node, std::slice::from_ref(&request), 0).unwrap();
     let spans = c.take_card_spans();
     let messages: u64 = c.card_stats().iter().map(|s| s.messages).sum();
@@ -264,12 +269,7 @@ fn the_card_workers_run_as_batch_work() {
     let dir = fixture("gpt-oss-bf16");
     let mut c = cluster(&dir, 2, TransportKind::Quic);
     let mut node = c.take_nodes().remove(0);
-    let request = GenerationRequest {
-        prompt: vec![3, 14, 15],
-        max_tokens: 2,
-        sampling: SamplingParams::greedy(),
-        stop_token_ids: vec![],
-    };
+    let request = short_greedy_request(2);
     // Every worker has computed a message by now, so each has set up its thread.
     driver::generate(&mut node, std::slice::from_ref(&request), 0).unwrap();
     // Other tests' clusters may run in this process too: their workers count alike, and
