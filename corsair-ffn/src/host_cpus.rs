@@ -2,8 +2,8 @@
 //! a whole run with a CPU mask, or for one turn of [`crate::service::CpuTurns`]), and run as
 //! batch work, so that waking one never preempts the thread that woke it.
 //!
-//! Where the OS has none of this (anything but Linux), each call does nothing: the threads
-//! then run where and when the OS chooses, with the same results.
+//! The scheduling policy and the pinning for a turn are Linux's; elsewhere those calls do
+//! nothing, and the threads run where and when the OS chooses, with the same results.
 
 /// A thread's CPUs before it was pinned.
 #[derive(Debug)]
