@@ -75,17 +75,17 @@ async fn serve_connection(mut stream: TcpStream, behaviour: Behaviour, counts: A
         if answered_here == behaviour.answers_per_connection {
             return; // swallowed: closed without a byte of answer
         }
-        if stream
-            .write_all(&answer(output_len, behaviour.break_mid_stream))
-            .await
-            .is_err()
-        {
-            return;
-        }
         if behaviour.break_mid_stream {
+            let _ = stream.write_all(&answer(output_len, true)).await;
             return;
         }
+        // Counted before the write: the client may read the last byte and end its run before
+        // this task runs again, and the test then reads the counts.
         counts.answered.fetch_add(1, Ordering::SeqCst);
+        if stream.write_all(&answer(output_len, false)).await.is_err() {
+            counts.answered.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         if answered_here + 1 == behaviour.answers_per_connection {
             // Closed after the answer, which said nothing of it (no `Connection: close`).
             match behaviour.after_last {
