@@ -40,27 +40,22 @@ pub fn pin_to_mask(mask: u64, index: usize) {
 /// where cards share the node's CPUs, the woken worker used to take the stepping thread's CPU
 /// before the layer's other messages were sent, so they went out only after that card's whole
 /// multiply (GPT-OSS-20B on 8 cards, served at one request: the stepping thread runnable but
-/// not running for 123 ms of every second). Returns whether the OS took the policy; a thread
-/// it refused runs as before.
+/// not running for 123 ms of every second). A thread the OS refuses it runs as before.
 #[cfg(target_os = "linux")]
-pub fn run_as_batch_work() -> bool {
+pub fn run_as_batch_work() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for SCHED_BATCH,
     // whose priority must be 0. No privilege is needed to choose it.
-    let taken = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } == 0;
-    if !taken {
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
         tracing::debug!(
             "the OS refused SCHED_BATCH for a card thread ({}): it runs under the default policy",
             std::io::Error::last_os_error()
         );
     }
-    taken
 }
 
 #[cfg(not(target_os = "linux"))]
-pub fn run_as_batch_work() -> bool {
-    false
-}
+pub fn run_as_batch_work() {}
 
 /// The CPU this thread runs on now, where the OS says.
 #[cfg(target_os = "linux")]
@@ -127,11 +122,12 @@ mod tests {
     fn a_card_thread_runs_as_batch_work_and_its_threads_inherit_it() {
         let before = policy();
         std::thread::spawn(|| {
-            assert!(
-                run_as_batch_work(),
-                "an unprivileged thread may choose SCHED_BATCH"
+            run_as_batch_work();
+            assert_eq!(
+                policy(),
+                libc::SCHED_BATCH,
+                "an unprivileged thread may choose it"
             );
-            assert_eq!(policy(), libc::SCHED_BATCH);
             // A pool the worker starts (more executor threads) is batch work too.
             let child = std::thread::spawn(policy).join().expect("the child runs");
             assert_eq!(child, libc::SCHED_BATCH);
