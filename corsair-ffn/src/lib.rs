@@ -33,6 +33,7 @@ pub mod program;
 pub mod reference;
 pub mod report;
 pub mod sanitizer;
+#[cfg(feature = "service")]
 pub mod service;
 pub mod synthetic;
 pub mod weights;

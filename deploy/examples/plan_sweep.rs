@@ -11,9 +11,9 @@ use corsair_ffn::compiler::StoredFormats;
 use deploy::deployment::{Deployment, MicroBatchSetting};
 use deploy::plan::seed::{SEED_ROWS, apply, calibrate};
 use deploy::plan::{Plan, load_profiles, plan};
-use deploy::replication::ReplicateExperts;
 use gpu_attention::MicroBatches;
 use model::ModelConfig;
+use planner::ReplicateExperts;
 use plotters::prelude::*;
 
 const DARK_GREEN: RGBColor = RGBColor(0, 140, 60);

@@ -32,8 +32,8 @@ use model::{ModelConfig, ModelWeights};
 use proto::control::{HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor};
 
 use crate::error::{Error, Result};
-use crate::replication::{self, CardsToFit, ReplicateExperts, ReplicationChoice};
 use crate::watch::{HeartbeatError, WatchConfig, WatchedCard, watch_cards};
+use planner::replication::{self, CardsToFit, ReplicateExperts, ReplicationChoice};
 
 /// How the attention nodes and the cards talk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -410,8 +410,7 @@ impl EmbeddedCluster {
         }
         let model = ModelConfig::from_file(&config.model.join("config.json"))?;
         let fingerprint = model_fingerprint(&config.model)?;
-        let (replicas, choice) =
-            config.replicas_for(&model, replication::host_available_memory())?;
+        let (replicas, choice) = config.replicas_for(&model, host_available_memory())?;
         tracing::info!(replicate_experts = choice.every_expert, "{}", choice.reason);
         let assignments = plan_placement(
             &model,
@@ -536,4 +535,13 @@ impl Drop for EmbeddedCluster {
 /// The checkpoint's fingerprint (for refusing mismatched roles).
 pub fn fingerprint(model: &Path) -> Result<String> {
     Ok(model_fingerprint(model)?)
+}
+
+/// This host's available memory (`MemAvailable` in `/proc/meminfo`), where it can be read: what
+/// `replicate_experts = "auto"` weighs the copies of cards simulated in this process against.
+pub fn host_available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

@@ -111,6 +111,9 @@ pub enum Error {
     /// The attention node could not be built.
     #[error(transparent)]
     Node(#[from] step::StepError),
+    /// The planner refused (a profile, a card's share, a prediction).
+    #[error(transparent)]
+    Planner(#[from] planner::Error),
     /// A part of a deployment is wrong, named with where it came from (a file, a key).
     #[error("{context}: {source}")]
     In {

@@ -1,7 +1,7 @@
 //! Deployments and the `afd` binary.
 //!
-//! Owns deployment files (`deploy/deployments/*.toml`, [`deployment`]), the planner and system
-//! performance model ([`plan`], with the device and network profiles in `deploy/profiles/`), the
+//! Owns deployment files (`deploy/deployments/*.toml`, [`deployment`]), the planner's shell
+//! ([`plan`]: a deployment file as the `planner` crate's target, with card losses), the
 //! local multi-process launcher, Kubernetes manifests, the assembly of a disaggregated deployment
 //! ([`cluster`]), a run's Chrome trace from the node's and the cards' spans ([`timeline`]), and the
 //! command-line front end that starts any role.
@@ -17,7 +17,6 @@ pub mod launch;
 pub mod plan;
 pub mod process;
 pub mod remote;
-pub mod replication;
 pub mod shutdown;
 pub mod timeline;
 pub mod watch;

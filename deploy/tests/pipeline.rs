@@ -120,7 +120,7 @@ fn with_every_expert_copied_a_top2_token_rounds_the_same_alone_and_in_a_batch() 
     let dir = fixture("mixtral");
     let run = |prompts: &[Vec<u32>]| {
         let mut config = config(&dir, 2, TransportKind::Inproc);
-        config.replicate_experts = deploy::replication::ReplicateExperts::Always;
+        config.replicate_experts = planner::ReplicateExperts::Always;
         let mut c = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
         let mut node = c.take_nodes().remove(0);
         let requests: Vec<GenerationRequest> = prompts

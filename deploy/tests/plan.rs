@@ -120,7 +120,7 @@ fn the_calibrated_constants_are_the_fit_on_their_seed_rows() {
                 k.mxfp4_moe_bandwidth_efficiency,
                 fit.mxfp4_moe_bandwidth_efficiency
             ),
-        "the model changed: refit the calibrated constants in deploy/profiles/h100.toml and \
+        "the model changed: refit the calibrated constants in planner/profiles/h100.toml and \
          h200.toml (profile {k:?}, fit {fit:?}; `cargo run -p deploy --example plan_sweep`)"
     );
     assert_eq!(profiles.device.calibrated.len(), 2);

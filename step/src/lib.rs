@@ -1,9 +1,10 @@
 //! The step API of one attention node: what the router drives, in process or over tonic.
 //!
 //! Owns the types a step is made of ([`StepBatch`], [`StepEntry`], [`StepOutput`], ...), the
-//! [`AttentionNode`] trait, [`compute::on_own_pool`], which puts the thread that steps a node
-//! at the head of its own compute pool, and [`compute::run_on_sleeping`], which hands work to
-//! another pool while that thread sleeps.
+//! [`AttentionNode`] trait, the micro-batch setting ([`MicroBatches`]), the [`Clock`] serving
+//! reads and what a modeled clock needs of a step ([`clock`]), [`compute::on_own_pool`], which
+//! puts the thread that steps a node at the head of its own compute pool, and
+//! [`compute::run_on_sleeping`], which hands work to another pool while that thread sleeps.
 //!
 //! Must not: depend on the numerics or the transport (candle, quinn, tonic) or on any afd crate
 //! but `model`'s light part (its sampling parameters), so that the router and the HTTP server
@@ -16,9 +17,11 @@
 //! keys and values into the given blocks, runs every layer (dispatching experts to the cards),
 //! and returns one sampled token (with logprobs) per sequence that asked for one.
 
+pub mod clock;
 pub mod compute;
 pub mod health;
 
+pub use clock::{Clock, StepRouting, StepTimer, WallClock};
 pub use health::{CardHealth, CardState, HealthSource, NodeHealth};
 
 use model::sampling::SamplingParams;
@@ -124,6 +127,31 @@ pub struct StepOutput {
     pub sampled: Vec<SampledToken>,
 }
 
+/// How a step is cut into micro-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MicroBatches {
+    /// For steps of two or more sequences, whichever of one and two the node has measured to
+    /// be faster for steps of that size (it tries both; gpu-attention's `node/overlap.rs`), else one.
+    #[default]
+    Auto,
+    /// Never split.
+    One,
+    /// Split into two whenever there are two or more sequences.
+    Two,
+}
+
+impl std::str::FromStr for MicroBatches {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(MicroBatches::Auto),
+            "1" => Ok(MicroBatches::One),
+            "2" => Ok(MicroBatches::Two),
+            other => Err(format!("--micro-batches takes 1, 2 or auto, not `{other}`")),
+        }
+    }
+}
+
 /// The KV cache geometry of a node, for the router's block accounting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvCapacity {
@@ -190,6 +218,15 @@ pub trait AttentionNode: Send {
     /// A handle on the node's view of its cards, for the router to read between steps from
     /// other threads; `None` for a node without cards (nothing can go down under it).
     fn health_source(&self) -> Option<std::sync::Arc<dyn HealthSource>> {
+        None
+    }
+
+    /// Starts or stops keeping each step's routing for [`AttentionNode::take_routing`] (what
+    /// a modeled clock times a step by). A node that cannot report routing ignores it.
+    fn record_routing(&mut self, _on: bool) {}
+
+    /// The routing of the last step, while recording; `None` from nodes that do not report it.
+    fn take_routing(&mut self) -> Option<StepRouting> {
         None
     }
 }

@@ -19,10 +19,9 @@
 mod sections;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpu_attention::kv_cache::KvCacheConfig;
-use model::synth::{Preset, SynthOptions, synthesize};
+use model::synth::{Preset, SynthOptions, config_json_text};
 use model::{Family, ModelConfig};
 use serde::{Deserialize, Serialize};
 
@@ -409,10 +408,7 @@ fn addresses(explicit: &[String], host: &str, base_port: u16, n: usize) -> Vec<S
         .collect()
 }
 
-/// Whether a profile setting names a file rather than a built-in profile.
-pub fn is_path_like(s: &str) -> bool {
-    s.contains('/') || s.contains('\\') || s.ends_with(".toml")
-}
+pub use planner::is_path_like;
 
 /// The bundled model: `models/afd-tiny-gpt-oss` under the current directory, else under the
 /// repository this crate was built from.
@@ -429,12 +425,6 @@ pub fn bundled_model_dir() -> PathBuf {
 
 /// config.json of a named shape, as `afd synth --config-only` writes it.
 pub fn shape_config_json(family: Family, preset: Preset) -> Result<String> {
-    static SCRATCH: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "afd-shape-{}-{}",
-        std::process::id(),
-        SCRATCH.fetch_add(1, Ordering::Relaxed)
-    ));
     let options = SynthOptions {
         family,
         preset,
@@ -442,15 +432,7 @@ pub fn shape_config_json(family: Family, preset: Preset) -> Result<String> {
         seed: 0,
         config_only: true,
     };
-    let made = synthesize(&dir, &options, &mut |_, _| {}).map_err(Error::from);
-    let path = dir.join("config.json");
-    let text = made.and_then(|_| {
-        std::fs::read_to_string(&path)
-            .map_err(Error::system(format!("cannot read {}", path.display())))
-    });
-    // Best effort: a scratch folder left behind is harmless.
-    let _ = std::fs::remove_dir_all(&dir);
-    text
+    Ok(config_json_text(&options)?)
 }
 
 #[cfg(test)]

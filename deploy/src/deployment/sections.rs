@@ -70,7 +70,7 @@ pub struct AttentionSection {
     #[serde(deserialize_with = "device_setting")]
     pub device: AttentionDevice,
     /// Hardware profile each node is modeled with in `afd plan`: a name (`h100`, `h200`; files
-    /// in `deploy/profiles/`) or the path of a profile TOML relative to this file. Default `h100`.
+    /// in `planner/profiles/`) or the path of a profile TOML relative to this file. Default `h100`.
     pub profile: String,
     /// On a GPU: the fraction of its memory the node may use, weights and KV cache together
     /// (vLLM's `gpu_memory_utilization`); the KV cache gets what the weights leave. Replaces
@@ -164,7 +164,7 @@ pub struct CardsSection {
     /// experts then take twice their memory. `auto` (default): where the copies fit in every
     /// card's SRAM without spilling (and, for cards simulated on the host, in half of its
     /// available memory); `true` or `false` to decide.
-    pub replicate_experts: crate::replication::ReplicateExperts,
+    pub replicate_experts: planner::ReplicateExperts,
     /// Let weights that do not fit in SRAM stream from LPDDR every step (slower) instead of
     /// refusing the deployment. Default false.
     pub allow_spill: bool,
@@ -202,7 +202,7 @@ impl Default for CardsSection {
             profile: "corsair".into(),
             placement: PlacementPolicy::Contiguous,
             replicas: Vec::new(),
-            replicate_experts: crate::replication::ReplicateExperts::Auto,
+            replicate_experts: planner::ReplicateExperts::Auto,
             allow_spill: false,
             card_threads: 1,
             cpu_mask: 0,
@@ -224,7 +224,7 @@ pub struct TransportSection {
     /// this file. Default: none; launchers make a fresh cluster CA at start-up.
     pub tls_dir: Option<PathBuf>,
     /// Network profile `afd plan` models the transfers with: a name (`jetstream`, in
-    /// `deploy/profiles/`) or a TOML path relative to this file. Default `jetstream`.
+    /// `planner/profiles/`) or a TOML path relative to this file. Default `jetstream`.
     pub profile: String,
 }
 

@@ -1,7 +1,7 @@
 use std::path::Path;
 
 use super::*;
-use crate::replication::ReplicateExperts;
+use planner::ReplicateExperts;
 
 fn parse(text: &str) -> Result<Deployment> {
     Deployment::from_toml(text, Path::new("/deployments"))

@@ -6,7 +6,7 @@ fn deployment(text: &str) -> Deployment {
     Deployment::from_toml(text, Path::new(".")).unwrap()
 }
 
-fn plan_text(text: &str) -> Plan {
+fn plan_text(text: &str) -> planner::Plan {
     let d = deployment(text);
     let (model_text, path) = d.model_config_text().unwrap();
     let config = ModelConfig::from_json(&model_text, &path).unwrap();
@@ -110,123 +110,6 @@ fn an_attention_device_too_small_is_reported() {
         "{:?}",
         p.problems
     );
-}
-
-#[test]
-fn cards_per_token_and_distinct_experts() {
-    // One expert per token on a single card: every token goes to it.
-    assert!((gpu::distinct_experts(32, 4, 1) - 4.0).abs() < 1e-9);
-    assert!(gpu::distinct_experts(32, 4, 64) > 31.0);
-    assert!(gpu::distinct_experts(32, 4, 64) <= 32.0);
-}
-
-mod properties {
-    use std::sync::OnceLock;
-
-    use corsair_ffn::assignment::PlacementOptions;
-    use corsair_ffn::compiler::{CompileOptions, compile_deployment};
-    use gpu_attention::MicroBatches;
-    use proptest::prelude::*;
-
-    use super::*;
-
-    const MAX_CARDS: usize = 4;
-
-    /// The `small` GPT-OSS shape, its profiles and its cards compiled for 1..=4 cards.
-    struct Fixture {
-        config: ModelConfig,
-        profiles: Profiles,
-        sets: Vec<CardSet>,
-    }
-
-    fn fixture() -> &'static Fixture {
-        static FIXTURE: OnceLock<Fixture> = OnceLock::new();
-        FIXTURE.get_or_init(|| {
-            let d = deployment("[model]\nshape = \"small\"\n");
-            let (text, path) = d.model_config_text().unwrap();
-            let config = ModelConfig::from_json(&text, &path).unwrap();
-            let stored = StoredFormats::from_config_json(&text, &config).unwrap();
-            let profiles = load_profiles(&d).unwrap();
-            let options = CompileOptions {
-                max_tokens: 256,
-                ..CompileOptions::default()
-            };
-            let sets = (1..=MAX_CARDS)
-                .map(|cards| {
-                    let placement = PlacementOptions {
-                        cards,
-                        replicas: vec![],
-                    };
-                    let programs =
-                        compile_deployment(&config, &stored, &placement, &options, &profiles.card)
-                            .unwrap()
-                            .into_iter()
-                            .map(|c| c.unwrap().program)
-                            .collect();
-                    CardSet::new(programs)
-                })
-                .collect();
-            Fixture {
-                config,
-                profiles,
-                sets,
-            }
-        })
-    }
-
-    fn system(f: &Fixture, cards: usize, nodes: usize, two: bool) -> System<'_> {
-        System {
-            model: &f.config,
-            device: &f.profiles.device,
-            network: &f.profiles.network,
-            cards: (cards > 0).then(|| &f.sets[cards - 1]),
-            nodes,
-            micro_batches: if two {
-                MicroBatches::Two
-            } else {
-                MicroBatches::One
-            },
-            wire_bytes: 2,
-            chunk_tokens: 256,
-            lm_head_candidates: 64,
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
-
-        #[test]
-        fn steps_are_positive_and_never_faster_at_longer_contexts(
-            cards in 0..=MAX_CARDS,
-            nodes in 1usize..=2,
-            batch in 1usize..=64,
-            context in 1usize..8192,
-            extra in 0usize..8192,
-            two in any::<bool>(),
-        ) {
-            let f = fixture();
-            let s = system(f, cards, nodes, two);
-            let short = s.step(batch, 1, context as f64);
-            let long = s.step(batch, 1, (context + extra) as f64);
-            prop_assert!(short.seconds.is_finite() && short.seconds > 0.0);
-            prop_assert!(long.seconds >= short.seconds * (1.0 - 1e-12));
-            prop_assert!(short.layers_seconds > 0.0 && short.lm_head_seconds >= 0.0);
-        }
-
-        #[test]
-        fn doubling_the_batch_at_most_doubles_the_step(
-            cards in 0..=MAX_CARDS,
-            batch in 1usize..=32,
-            context in 1usize..4096,
-        ) {
-            let f = fixture();
-            let s = system(f, cards, 1, false);
-            let one = s.step(batch, 1, context as f64).seconds;
-            let two = s.step(2 * batch, 1, context as f64).seconds;
-            prop_assert!(two >= one * (1.0 - 1e-12), "{two} < {one}");
-            prop_assert!(two <= 2.0 * one * (1.0 + 1e-12), "{two} > 2 x {one}");
-        }
-    }
 }
 
 #[test]

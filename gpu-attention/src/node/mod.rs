@@ -18,6 +18,7 @@ use model::forward::rope::Rope;
 use model::{ModelConfig, ModelWeights};
 use proto::data::WireDtype;
 
+pub use pipeline::micro_batch_ranges;
 pub use trace::{Span, Trace, chrome_trace};
 
 use crate::cards::CardBoard;
@@ -28,32 +29,10 @@ use crate::kv_cache::KvCacheConfig;
 use crate::sampler::TokenHistory;
 use compute::Compute;
 use overlap::OverlapTuner;
-use step::{AttentionNode, HealthSource, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
-
-/// How a step is cut into micro-batches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MicroBatches {
-    /// For steps of two or more sequences, whichever of one and two the node has measured to
-    /// be faster for steps of that size (it tries both; see `node/overlap.rs`), else one.
-    #[default]
-    Auto,
-    /// Never split.
-    One,
-    /// Split into two whenever there are two or more sequences.
-    Two,
-}
-
-impl std::str::FromStr for MicroBatches {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(MicroBatches::Auto),
-            "1" => Ok(MicroBatches::One),
-            "2" => Ok(MicroBatches::Two),
-            other => Err(format!("--micro-batches takes 1, 2 or auto, not `{other}`")),
-        }
-    }
-}
+pub use step::MicroBatches;
+use step::{
+    AttentionNode, HealthSource, KvCapacity, SeqId, StepBatch, StepError, StepOutput, StepRouting,
+};
 
 /// Settings of one attention node.
 #[derive(Debug, Clone)]
@@ -212,6 +191,8 @@ pub struct DisaggregatedNode {
     /// When set, every sampled row goes through the full-logits path and its logits are kept.
     collect_logits: bool,
     logits: Vec<(SeqId, Vec<f32>)>,
+    /// The routing of the step under way, per layer, while recording ([`AttentionNode::record_routing`]).
+    routing: Option<StepRouting>,
 }
 
 impl std::fmt::Debug for DisaggregatedNode {
@@ -265,6 +246,7 @@ impl DisaggregatedNode {
             overlap: OverlapTuner::default(),
             collect_logits: false,
             logits: Vec::new(),
+            routing: None,
         })
     }
 
@@ -435,6 +417,23 @@ impl AttentionNode for DisaggregatedNode {
 
     fn health_source(&self) -> Option<Arc<dyn HealthSource>> {
         Some(self.board.clone())
+    }
+
+    fn record_routing(&mut self, on: bool) {
+        self.routing = on.then(StepRouting::default);
+    }
+
+    fn take_routing(&mut self) -> Option<StepRouting> {
+        let top_k = self.config.moe.map_or(0, |m| m.top_k);
+        self.routing.as_mut().map(|r| {
+            std::mem::replace(
+                r,
+                StepRouting {
+                    top_k,
+                    layers: Vec::new(),
+                },
+            )
+        })
     }
 }
 

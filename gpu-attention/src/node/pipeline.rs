@@ -65,6 +65,11 @@ impl DisaggregatedNode {
         }
         self.begin_cards()?;
         self.step_counter += 1;
+        if let Some(r) = self.routing.as_mut() {
+            // A step run again after a card went down records afresh.
+            r.top_k = self.config.moe.map_or(0, |m| m.top_k);
+            r.layers = vec![None; self.config.num_layers()];
+        }
         let mut mbs = self.split(batch, two)?;
         for mb in &mbs {
             let rows = mb.positions.len();
@@ -133,25 +138,11 @@ impl DisaggregatedNode {
     /// Cuts the batch into one micro-batch or (when `two`) two of about equal token counts,
     /// in order.
     fn split(&self, batch: &StepBatch, two: bool) -> Result<Vec<MicroBatch>, StepError> {
-        let n = batch.entries.len();
-        let groups: Vec<Vec<usize>> = if two && n >= 2 {
-            let total: usize = batch.entries.iter().map(|e| e.tokens.len()).sum();
-            let mut acc = 0;
-            let mut cut = 1;
-            for (i, e) in batch.entries.iter().enumerate() {
-                acc += e.tokens.len();
-                if 2 * acc >= total {
-                    cut = (i + 1).clamp(1, n - 1);
-                    break;
-                }
-            }
-            vec![(0..cut).collect(), (cut..n).collect()]
-        } else {
-            vec![(0..n).collect()]
-        };
-        groups
+        let tokens: Vec<usize> = batch.entries.iter().map(|e| e.tokens.len()).collect();
+        micro_batch_ranges(&tokens, two)
             .into_iter()
-            .map(|entries| {
+            .map(|range| {
+                let entries: Vec<usize> = range.collect();
                 let mut spans = Vec::new();
                 let mut inputs = Vec::new();
                 let mut positions = Vec::new();
@@ -228,6 +219,11 @@ impl DisaggregatedNode {
         };
         let pending = match (self.config.layers[layer].ffn, ffn_input.routing) {
             (FfnKind::Moe, Some(routing)) => {
+                if let Some(slot) = self.routing.as_mut().and_then(|r| r.layers.get_mut(layer)) {
+                    // Micro-batches are consecutive entries, so appending keeps batch order.
+                    slot.get_or_insert_with(Vec::new)
+                        .extend_from_slice(&routing.experts);
+                }
                 let keys: Vec<u64> = mb.positions.iter().map(|&p| p as u64).collect();
                 let plan = plan_dispatch(&routing, layer, &self.active.placement, &keys);
                 self.trace.end(span, "attention", layer, m);
@@ -390,4 +386,25 @@ impl DisaggregatedNode {
         }
         Ok(out.into_iter().flatten().collect())
     }
+}
+
+/// How a step of entries with `tokens` new tokens each is cut into micro-batches: one, or (when
+/// `two` and there are two or more entries) two runs of consecutive entries of about equal
+/// token counts, the first ending at the entry where half the tokens are reached.
+pub fn micro_batch_ranges(tokens: &[usize], two: bool) -> Vec<std::ops::Range<usize>> {
+    let n = tokens.len();
+    if !two || n < 2 {
+        return std::iter::once(0..n).collect();
+    }
+    let total: usize = tokens.iter().sum();
+    let mut acc = 0;
+    let mut cut = 1;
+    for (i, t) in tokens.iter().enumerate() {
+        acc += t;
+        if 2 * acc >= total {
+            cut = (i + 1).clamp(1, n - 1);
+            break;
+        }
+    }
+    vec![0..cut, cut..n]
 }

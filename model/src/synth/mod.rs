@@ -86,6 +86,71 @@ pub fn resolved_format(options: &SynthOptions) -> Result<SynthFormat> {
     Ok(format)
 }
 
+/// The special tokens of a family's synthetic tokenizer and the ids they get.
+struct Identity {
+    specials: &'static [&'static str],
+    stops: &'static [&'static str],
+    eos: Vec<u32>,
+    bos: Option<u32>,
+}
+
+fn identity(family: Family) -> Identity {
+    let (specials, stops) = presets::specials(family);
+    let id = |t: &str| {
+        specials
+            .iter()
+            .position(|s| *s == t)
+            .map(|i| 256 + i as u32)
+    };
+    let eos: Vec<u32> = stops.iter().filter_map(|t| id(t)).collect();
+    let bos = match family {
+        Family::GptOss => id("<|startoftext|>"),
+        Family::Mixtral => id("<s>"),
+        Family::Qwen3Moe => None,
+    };
+    Identity {
+        specials,
+        stops,
+        eos,
+        bos,
+    }
+}
+
+fn config_value(
+    options: &SynthOptions,
+    format: SynthFormat,
+    d: &Dims,
+    eos: &[u32],
+    bos: Option<u32>,
+) -> serde_json::Value {
+    let dtype = if format == SynthFormat::F32 {
+        "float32"
+    } else {
+        "bfloat16"
+    };
+    presets::config_json(
+        options.family,
+        d,
+        format == SynthFormat::Mxfp4,
+        eos,
+        bos,
+        dtype,
+    )
+}
+
+/// The config.json text `synthesize` writes for `options`, without writing anything: what a
+/// named shape is to the planner.
+pub fn config_json_text(options: &SynthOptions) -> Result<String> {
+    let format = resolved_format(options)?;
+    let d = dims(options.family, options.preset)?;
+    let Identity { eos, bos, .. } = identity(options.family);
+    let config = config_value(options, format, &d, &eos, bos);
+    serde_json::to_string_pretty(&config).map_err(|source| Error::JsonWrite {
+        path: PathBuf::from("config.json"),
+        source,
+    })
+}
+
 /// Writes a synthetic checkpoint into `out` (created if needed). `progress(done, total)` is
 /// called in bytes as weights are written.
 pub fn synthesize(
@@ -96,32 +161,13 @@ pub fn synthesize(
     let format = resolved_format(options)?;
     let d = dims(options.family, options.preset)?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let (specials, stops) = presets::specials(options.family);
-    let id = |t: &str| {
-        specials
-            .iter()
-            .position(|s| *s == t)
-            .map(|i| 256 + i as u32)
-    };
-    let eos: Vec<u32> = stops.iter().filter_map(|t| id(t)).collect();
-    let bos = match options.family {
-        Family::GptOss => id("<|startoftext|>"),
-        Family::Mixtral => id("<s>"),
-        Family::Qwen3Moe => None,
-    };
-    let dtype = if format == SynthFormat::F32 {
-        "float32"
-    } else {
-        "bfloat16"
-    };
-    let config = presets::config_json(
-        options.family,
-        &d,
-        format == SynthFormat::Mxfp4,
-        &eos,
+    let Identity {
+        specials,
+        stops,
+        eos,
         bos,
-        dtype,
-    );
+    } = identity(options.family);
+    let config = config_value(options, format, &d, &eos, bos);
     let write_json = |name: &str, v: &serde_json::Value| -> Result<()> {
         let path = out.join(name);
         let text = serde_json::to_string_pretty(v).map_err(|source| Error::JsonWrite {

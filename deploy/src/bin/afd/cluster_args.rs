@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use corsair_ffn::FormatChoice;
 use deploy::cluster::{ClusterConfig, TransportKind};
-use deploy::replication::ReplicateExperts;
 use gpu_attention::kv_cache::KvCacheConfig;
 use gpu_attention::{AttentionDevice, MicroBatches};
 use model::kernels::ActivationDtype;
+use planner::ReplicateExperts;
 use proto::data::WireDtype;
 
 /// How the cards and attention nodes are set up (embedded deployments).

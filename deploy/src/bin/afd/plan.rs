@@ -40,7 +40,7 @@ pub struct PlanArgs {
     allow_spill: Option<bool>,
     /// Override `cards.replicate_experts` (auto, true or false).
     #[arg(long)]
-    replicate_experts: Option<deploy::replication::ReplicateExperts>,
+    replicate_experts: Option<planner::ReplicateExperts>,
     /// Override `overlap.micro_batches` (1, 2 or auto).
     #[arg(long)]
     micro_batches: Option<MicroBatches>,

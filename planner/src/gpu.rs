@@ -52,26 +52,87 @@ pub fn seconds(kernels: &[Kernel], device: &DeviceProfile) -> f64 {
     kernels.iter().map(|k| k.seconds(device)).sum()
 }
 
+/// One sequence's part of a step: its new tokens and the tokens before them in its cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Span {
+    /// New tokens (a prompt chunk, or the one token of a decode).
+    pub new: usize,
+    /// Tokens already in the cache.
+    pub past: usize,
+}
+
+/// How the tokens of a group attend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Attending<'a> {
+    /// The planner's uniform batch: each sequence reads `context` keys of its cache and each
+    /// token attends to `context` keys (both capped by a sliding window).
+    Uniform {
+        /// Keys per token, on average.
+        context: f64,
+    },
+    /// Each sequence as it is: a token at position `p` attends to `p + 1` keys (at most the
+    /// window), and each sequence reads its whole cache (at most the window) once.
+    Spans(&'a [Span]),
+}
+
 /// A group of tokens going through one layer together.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TokenGroup {
+pub struct TokenGroup<'a> {
     /// Tokens (rows).
     pub tokens: usize,
     /// Distinct sequences they belong to (each reads its own KV cache).
     pub sequences: usize,
-    /// Keys each token attends to on a full-attention layer, on average (its context).
-    pub context: f64,
+    /// How they attend.
+    pub attending: Attending<'a>,
+}
+
+/// `sum_{i = a}^{b} min(i, w)` for `a <= b`.
+fn capped_sum(a: usize, b: usize, w: usize) -> f64 {
+    let plain = |lo: usize, hi: usize| (lo + hi) as f64 * (hi - lo + 1) as f64 / 2.0;
+    if b <= w {
+        plain(a, b)
+    } else if a >= w {
+        w as f64 * (b - a + 1) as f64
+    } else {
+        plain(a, w) + w as f64 * (b - w) as f64
+    }
+}
+
+impl TokenGroup<'_> {
+    /// Keys read from the cache (summed over sequences) and keys attended (summed over tokens)
+    /// on a layer whose window is `window` (`None`: full attention).
+    pub fn keys(&self, window: Option<usize>) -> (f64, f64) {
+        match self.attending {
+            Attending::Uniform { context } => {
+                let keys = window.map_or(context, |w| context.min(w as f64));
+                (self.sequences as f64 * keys, self.tokens as f64 * keys)
+            }
+            Attending::Spans(spans) => {
+                let w = window.unwrap_or(usize::MAX);
+                spans
+                    .iter()
+                    .filter(|s| s.new > 0)
+                    .fold((0.0, 0.0), |(read, attended), s| {
+                        let last = s.past + s.new;
+                        (
+                            read + last.min(w) as f64,
+                            attended + capped_sum(s.past + 1, last, w),
+                        )
+                    })
+            }
+        }
+    }
 }
 
 /// Where the feed-forward half runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FfnPlace {
     /// On the device (the GPU alone).
     Device,
     /// On the cards: the device dispatches rows and combines partial sums.
     Cards {
-        /// Expected cards one token's rows go to.
-        cards_per_token_milli: u64,
+        /// Rows sent per token: the cards one token's row goes to (expected, or as dispatched).
+        rows_per_token: f64,
         /// Bytes per wire element.
         wire_bytes: u64,
     },
@@ -99,7 +160,7 @@ fn expert_bytes_per_param(config: &ModelConfig, device: &DeviceProfile) -> f64 {
 pub fn layer_kernels(
     config: &ModelConfig,
     layer: usize,
-    group: TokenGroup,
+    group: TokenGroup<'_>,
     ffn: FfnPlace,
     device: &DeviceProfile,
 ) -> Vec<Kernel> {
@@ -109,10 +170,11 @@ pub fn layer_kernels(
     let q = config.q_dim() as f64;
     let kv = config.kv_dim() as f64;
     let n = group.tokens as f64;
-    let keys = match config.layers.get(layer).map(|l| l.attention) {
-        Some(AttentionKind::Sliding { window }) => group.context.min(window as f64),
-        _ => group.context,
+    let window = match config.layers.get(layer).map(|l| l.attention) {
+        Some(AttentionKind::Sliding { window }) => Some(window),
+        _ => None,
     };
+    let (keys_read, keys_attended) = group.keys(window);
     let mut out = vec![
         Kernel::new("input_norm", 3.0 * n * h * ACT + h * wb, 4.0 * n * h),
         Kernel::new(
@@ -123,8 +185,8 @@ pub fn layer_kernels(
         Kernel::new("rope_kv_write", 2.0 * n * (q + 2.0 * kv) * ACT, 8.0 * n * q),
         Kernel::new(
             "attention",
-            group.sequences as f64 * keys * 2.0 * kv * kvb + 2.0 * n * q * ACT,
-            4.0 * n * keys * q,
+            keys_read * 2.0 * kv * kvb + 2.0 * n * q * ACT,
+            4.0 * keys_attended * q,
         ),
         Kernel::new("o_proj", q * h * wb + n * (q + h) * ACT, 2.0 * n * q * h),
         Kernel::new("residual_norm", 4.0 * n * h * ACT + h * wb, 5.0 * n * h),
@@ -198,10 +260,9 @@ pub fn layer_kernels(
             }
         }
         FfnPlace::Cards {
-            cards_per_token_milli,
+            rows_per_token: d,
             wire_bytes,
         } => {
-            let d = cards_per_token_milli as f64 / 1000.0;
             let w = wire_bytes as f64;
             let k = moe.map_or(0.0, |m| m.top_k as f64);
             // Pack each token's row once per card it goes to, with its expert ids and weights;

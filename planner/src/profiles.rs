@@ -1,5 +1,5 @@
 //! Profiles of the attention device (a GPU) and of the network between it and the cards, as data
-//! files in `deploy/profiles/` (the Corsair card's profile is corsair-ffn's own).
+//! files in `planner/profiles/` (the Corsair card's profile is corsair-ffn's own).
 //!
 //! Each profile lists the keys that are assumptions (`assumed`) and the keys fitted on a seed
 //! figure (`calibrated`); the loader checks that each listed key exists, so a report can say
@@ -12,13 +12,13 @@ use crate::error::{Error, Result};
 
 /// Built-in GPU profiles: name and TOML text.
 pub const BUILTIN_DEVICES: &[(&str, &str)] = &[
-    ("h100", include_str!("../../profiles/h100.toml")),
-    ("h200", include_str!("../../profiles/h200.toml")),
+    ("h100", include_str!("../profiles/h100.toml")),
+    ("h200", include_str!("../profiles/h200.toml")),
 ];
 
 /// Built-in network profiles: name and TOML text.
 pub const BUILTIN_NETWORKS: &[(&str, &str)] =
-    &[("jetstream", include_str!("../../profiles/jetstream.toml"))];
+    &[("jetstream", include_str!("../profiles/jetstream.toml"))];
 
 /// A GPU's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -225,7 +225,7 @@ mod tests {
 
     #[test]
     fn listed_keys_must_exist() {
-        let text = include_str!("../../profiles/h100.toml")
+        let text = include_str!("../profiles/h100.toml")
             .replace("calibrated = [", "calibrated = [\"kernels.nope\", ");
         let e = DeviceProfile::from_toml(&text).unwrap_err().to_string();
         assert!(e.contains("kernels.nope"), "{e}");

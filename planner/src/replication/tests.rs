@@ -1,11 +1,8 @@
-use std::path::Path;
-
 use corsair_ffn::HardwareProfile;
 use corsair_ffn::compiler::{CompileOptions, StoredFormats};
 use model::ModelConfig;
 
 use super::*;
-use crate::deployment::Deployment;
 
 #[test]
 fn the_setting_reads_as_a_word_or_a_bool() {
@@ -36,11 +33,7 @@ fn the_setting_reads_as_a_word_or_a_bool() {
 
 /// The tiny shape, its stored formats and the default card.
 fn tiny() -> (ModelConfig, StoredFormats) {
-    let d = Deployment::from_toml("[model]\nshape = \"tiny\"\n", Path::new(".")).unwrap();
-    let (text, path) = d.model_config_text().unwrap();
-    let config = ModelConfig::from_json(&text, &path).unwrap();
-    let stored = StoredFormats::from_config_json(&text, &config).unwrap();
-    (config, stored)
+    crate::tests::shape("tiny")
 }
 
 fn decide(setting: ReplicateExperts, cards: usize, host: Option<u64>) -> ReplicationChoice {

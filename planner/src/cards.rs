@@ -193,6 +193,72 @@ impl CardSet {
             .unwrap_or_default()
     }
 
+    /// Modeled time of `layer` on every card, for `tokens` tokens under uniform routing
+    /// (expected, as [`CardSet::layer_time`] takes the slowest of them).
+    pub fn expected_layer_times(&self, layer: usize, tokens: usize) -> Vec<LayerTime> {
+        self.programs
+            .iter()
+            .map(|p| self.card_layer_time(p, layer, tokens))
+            .collect()
+    }
+
+    /// Modeled time of `layer` on `card` for the rows it was sent: `rows` tokens, of which
+    /// `expert_rows[i]` went to its `i`-th local expert (its program's order; see
+    /// [`CardSet::local_experts_of`]). A card sent nothing is not called.
+    pub fn observed_layer_time(
+        &self,
+        card: usize,
+        layer: usize,
+        rows: usize,
+        expert_rows: &[usize],
+    ) -> LayerTime {
+        match self.programs.get(card) {
+            Some(p) if rows > 0 => layer_time(
+                p,
+                layer,
+                &LayerLoad {
+                    tokens: rows,
+                    expert_rows: expert_rows.to_vec(),
+                },
+            ),
+            _ => LayerTime::default(),
+        }
+    }
+
+    /// The experts of `layer` that `card` holds, in its program's order (empty for a dense
+    /// layer or an unknown card).
+    pub fn local_experts_of(&self, card: usize, layer: usize) -> &[u32] {
+        match self
+            .programs
+            .get(card)
+            .and_then(|p| p.layers.get(layer))
+            .map(|l| &l.kind)
+        {
+            Some(LayerKind::Moe { experts, .. }) => experts,
+            _ => &[],
+        }
+    }
+
+    /// The cards holding columns of dense layer `layer`, ascending (empty for a MoE layer).
+    pub fn dense_cards(&self, layer: usize) -> Vec<usize> {
+        self.programs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                matches!(
+                    p.layers.get(layer).map(|l| &l.kind),
+                    Some(LayerKind::Dense { columns, .. }) if !columns.is_empty()
+                )
+            })
+            .map(|(c, _)| c)
+            .collect()
+    }
+
+    /// The programs, in card order.
+    pub fn programs(&self) -> &[Program] {
+        &self.programs
+    }
+
     /// Modeled time of the LM head for `tokens` rows on the slowest card.
     pub fn lm_head_time(&self, tokens: usize) -> LayerTime {
         self.programs

@@ -180,13 +180,5 @@ pub fn choose(setting: ReplicateExperts, cards: &CardsToFit<'_>) -> ReplicationC
     )
 }
 
-/// This host's available memory (`MemAvailable` in `/proc/meminfo`), where it can be read.
-pub fn host_available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 #[cfg(test)]
 mod tests;
