@@ -25,7 +25,6 @@ use gpu_attention::{CardLayout, DisaggregatedNode, NodeConfig};
 use jetstream::{
     ClusterCa, EndpointRuntime, InprocFabric, NodeIdentity, QuicConfig, QuicTransport, Transport,
 };
-use model::config::FfnKind;
 use model::kernels::ActivationDtype;
 use model::weights::{ExpertFilter, HugePages, LoadOptions};
 use model::{ModelConfig, ModelWeights};
@@ -218,7 +217,6 @@ impl CardControl for CardHost {
 
 /// The attention node's layout of the cards, from their assignments.
 pub fn card_layout(config: &ModelConfig, assignments: &[CardAssignment]) -> Result<CardLayout> {
-    let experts = config.moe.map_or(0, |m| m.num_experts);
     let card_experts: Vec<Vec<Vec<u32>>> = assignments
         .iter()
         .map(|a| {
@@ -231,12 +229,7 @@ pub fn card_layout(config: &ModelConfig, assignments: &[CardAssignment]) -> Resu
                 .collect()
         })
         .collect();
-    let moe: Vec<bool> = config
-        .layers
-        .iter()
-        .map(|l| l.ffn == FfnKind::Moe)
-        .collect();
-    let placement = ExpertPlacement::new(config.num_layers(), experts, &moe, &card_experts)?;
+    let placement = ExpertPlacement::for_model(config, &card_experts)?;
     let dense_cards = assignments
         .iter()
         .filter(|a| {

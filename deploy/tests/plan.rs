@@ -2,7 +2,11 @@
 //! figures are reproduced within 15% (the two calibrated constants are what their rows fit);
 //! a deployment that does not fit exits non-zero and says why.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
+
+use common::deployments;
 use std::process::{Command, Output};
 
 use corsair_ffn::compiler::StoredFormats;
@@ -11,10 +15,6 @@ use deploy::plan::load_profiles;
 use deploy::plan::seed::{SEED_ROWS, calibrate};
 use model::ModelConfig;
 use serde_json::Value;
-
-fn deployments() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deployments")
-}
 
 fn afd_plan(file: &Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_afd"))
@@ -40,14 +40,7 @@ fn plan_json(file: &Path, extra: &[&str]) -> Value {
 
 #[test]
 fn every_shipped_deployment_parses_and_plans() {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(deployments())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        .collect();
-    files.sort();
-    assert!(files.len() >= 5, "{files:?}");
-    for file in &files {
+    for file in &common::shipped_deployments() {
         let d = Deployment::load(file).unwrap();
         let plan = plan_json(file, &[]);
         assert_eq!(plan["fits"], true, "{}", file.display());

@@ -106,6 +106,19 @@ impl ExpertPlacement {
         })
     }
 
+    /// [`ExpertPlacement::new`] for `config`'s layers and experts.
+    pub fn for_model(
+        config: &model::ModelConfig,
+        card_experts: &[Vec<Vec<u32>>],
+    ) -> Result<Self, PlacementError> {
+        Self::new(
+            config.num_layers(),
+            config.moe.map_or(0, |m| m.num_experts),
+            &config.moe_layers(),
+            card_experts,
+        )
+    }
+
     /// Number of cards.
     pub fn cards(&self) -> usize {
         self.cards

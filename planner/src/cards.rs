@@ -1,12 +1,16 @@
 //! The cards' side of the system model: each card's share compiled by corsair-ffn's compiler
-//! (placement, SRAM plan, spills) and timed by its performance model.
+//! (placement, SRAM plan, spills) and timed by its performance model, through a table by
+//! count per card and layer ([`LayerCosts`]) so that timing many loads stays cheap.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use corsair_ffn::perf::{LayerLoad, LayerTime, layer_time, lm_head_time};
+use corsair_ffn::perf::{LayerCosts, LayerLoad, LayerTime, lm_head_time};
 use corsair_ffn::program::{LayerKind, Program};
 use corsair_ffn::report::{CardSummary, summarize};
 use serde::{Deserialize, Serialize};
+
+use crate::expected::ExpectedLayer;
 
 /// One card's memory as the plan reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,24 +76,34 @@ impl CardMemory {
     }
 }
 
-/// Every card's compiled program.
-#[derive(Debug, Clone)]
+/// Every card's compiled program, with the tables that time its layers by count.
+#[derive(Debug)]
 pub struct CardSet {
     programs: Vec<Program>,
+    /// Per card and layer, its modeled time by count, filled as loads are timed.
+    costs: Mutex<Vec<Vec<Option<LayerCosts>>>>,
+    /// Uniform routing's expected figures of a layer, by (layer, tokens).
+    expected: Mutex<HashMap<(usize, usize), Arc<ExpectedLayer>>>,
 }
 
-/// The `k` of `e` experts per token.
-fn choose(n: usize, k: usize) -> f64 {
-    if k > n {
-        return 0.0;
+impl Clone for CardSet {
+    fn clone(&self) -> Self {
+        CardSet::new(self.programs.clone())
     }
-    (0..k).fold(1.0, |acc, i| acc * (n - i) as f64 / (k - i) as f64)
 }
 
 impl CardSet {
     /// The cards of a deployment (every share compiled).
     pub fn new(programs: Vec<Program>) -> Self {
-        CardSet { programs }
+        let costs = programs
+            .iter()
+            .map(|p| vec![None; p.layers.len()])
+            .collect();
+        CardSet {
+            programs,
+            costs: Mutex::new(costs),
+            expected: Mutex::new(HashMap::new()),
+        }
     }
 
     /// The memory report of every card.
@@ -110,96 +124,14 @@ impl CardSet {
         self.programs.is_empty()
     }
 
-    fn local_experts(program: &Program, layer: usize) -> usize {
-        match program.layers.get(layer).map(|l| &l.kind) {
-            Some(LayerKind::Moe { experts, .. }) => experts.len(),
-            _ => 0,
-        }
+    /// Experts per token (0 without MoE layers).
+    pub fn top_k(&self) -> usize {
+        self.programs.first().map_or(0, |p| p.top_k)
     }
 
-    /// Expected number of cards one token's rows go to in `layer` (uniform routing: a card
-    /// gets the row when any of the token's top-k experts is local to it), in thousandths.
-    pub fn cards_per_token_milli(&self, layer: usize) -> u64 {
-        let Some(p) = self.programs.first() else {
-            return 0;
-        };
-        let (e, k) = (p.num_experts, p.top_k);
-        if let Some(LayerKind::Dense { .. }) = p.layers.get(layer).map(|l| &l.kind) {
-            // A dense layer: every card holding columns gets every row.
-            let holding = self
-                .programs
-                .iter()
-                .filter(|p| {
-                    matches!(
-                        p.layers.get(layer).map(|l| &l.kind),
-                        Some(LayerKind::Dense { columns, .. }) if !columns.is_empty()
-                    )
-                })
-                .count();
-            return 1000 * holding as u64;
-        }
-        if e == 0 {
-            return 0;
-        }
-        let all = choose(e, k);
-        let d: f64 = self
-            .programs
-            .iter()
-            .map(|p| {
-                let local = Self::local_experts(p, layer);
-                1.0 - choose(e - local.min(e), k) / all
-            })
-            .sum();
-        (d * 1000.0).round() as u64
-    }
-
-    /// Modeled time of `layer` for `tokens` tokens on one card under balanced routing. With
-    /// at least as many rows (`tokens * k`) as experts, every local expert gets
-    /// `ceil(rows / experts)` rows. With fewer, the rows spread one per expert over the cards
-    /// and the busiest card has `b = ceil(rows / cards)` busy experts, any `b` of its local
-    /// ones: per-expert costs add up (the card runs instructions one after the other), so the
-    /// expected time is the idle time plus `b / local` of the extra time with every local
-    /// expert busy, whichever experts are resident and whichever spilled.
-    fn card_layer_time(&self, program: &Program, layer: usize, tokens: usize) -> LayerTime {
-        let local = Self::local_experts(program, layer);
-        let rows = tokens * program.top_k;
-        let e = program.num_experts.max(1);
-        let load = |per_expert: usize| LayerLoad {
-            tokens,
-            expert_rows: vec![per_expert; local],
-        };
-        if rows >= e || local == 0 {
-            return layer_time(program, layer, &load(rows.div_ceil(e).min(tokens)));
-        }
-        let busy = rows.div_ceil(self.programs.len().max(1)).min(local);
-        let idle = layer_time(program, layer, &load(0));
-        let all = layer_time(program, layer, &load(1));
-        let f = busy as f64 / local as f64;
-        let mix = |a: f64, b: f64| a + f * (b - a);
-        LayerTime {
-            seconds: mix(idle.seconds, all.seconds),
-            lpddr_seconds: mix(idle.lpddr_seconds, all.lpddr_seconds),
-            matmul_seconds: mix(idle.matmul_seconds, all.matmul_seconds),
-            io_seconds: mix(idle.io_seconds, all.io_seconds),
-        }
-    }
-
-    /// Modeled time of `layer` for `tokens` tokens on the slowest card.
-    pub fn layer_time(&self, layer: usize, tokens: usize) -> LayerTime {
-        self.programs
-            .iter()
-            .map(|p| self.card_layer_time(p, layer, tokens))
-            .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
-            .unwrap_or_default()
-    }
-
-    /// Modeled time of `layer` on every card, for `tokens` tokens under uniform routing
-    /// (expected, as [`CardSet::layer_time`] takes the slowest of them).
-    pub fn expected_layer_times(&self, layer: usize, tokens: usize) -> Vec<LayerTime> {
-        self.programs
-            .iter()
-            .map(|p| self.card_layer_time(p, layer, tokens))
-            .collect()
+    /// Experts per MoE layer.
+    pub fn num_experts(&self) -> usize {
+        self.programs.first().map_or(0, |p| p.num_experts)
     }
 
     /// Modeled time of `layer` on `card` for the rows it was sent: `rows` tokens, of which
@@ -212,17 +144,41 @@ impl CardSet {
         rows: usize,
         expert_rows: &[usize],
     ) -> LayerTime {
-        match self.programs.get(card) {
-            Some(p) if rows > 0 => layer_time(
-                p,
-                layer,
-                &LayerLoad {
-                    tokens: rows,
-                    expert_rows: expert_rows.to_vec(),
-                },
-            ),
-            _ => LayerTime::default(),
+        let Some(program) = self.programs.get(card).filter(|_| rows > 0) else {
+            return LayerTime::default();
+        };
+        let load = LayerLoad {
+            tokens: rows,
+            expert_rows: expert_rows.to_vec(),
+        };
+        let mut costs = self.costs.lock().unwrap_or_else(PoisonError::into_inner);
+        match costs.get_mut(card).and_then(|c| c.get_mut(layer)) {
+            Some(slot) => slot
+                .get_or_insert_with(|| LayerCosts::new(program, layer))
+                .time(program, &load),
+            None => LayerTime::default(),
         }
+    }
+
+    /// Uniform routing's expected figures of `layer` for a micro-batch of `tokens` tokens:
+    /// each card's mean time, the mean time of the slowest card, and the mean rows sent
+    /// (see [`crate::expected`]).
+    pub fn expected_layer(&self, layer: usize, tokens: usize) -> Arc<ExpectedLayer> {
+        let key = (layer, tokens);
+        if let Some(e) = self
+            .expected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+        {
+            return Arc::clone(e);
+        }
+        let e = Arc::new(crate::expected::expected_layer(self, layer, tokens));
+        self.expected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, Arc::clone(&e));
+        e
     }
 
     /// The experts of `layer` that `card` holds, in its program's order (empty for a dense
@@ -266,17 +222,5 @@ impl CardSet {
             .map(|p| lm_head_time(p, tokens))
             .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
             .unwrap_or_default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::choose;
-
-    #[test]
-    fn binomials() {
-        assert_eq!(choose(32, 4), 35960.0);
-        assert_eq!(choose(28, 4), 20475.0);
-        assert_eq!(choose(3, 4), 0.0);
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod cards;
 pub mod error;
+pub mod expected;
 pub mod gpu;
 pub mod profiles;
 pub mod replication;
@@ -513,6 +514,30 @@ pub fn load_profile<T>(
         ))
     })?;
     parse(&text).map_err(|e| e.within(format!("`{key}` {value}")))
+}
+
+/// A named shape of `family` (an `afd synth` preset: `tiny`, `small`, `medium`,
+/// `gpt-oss-20b`), as the planner reads it: its configuration and stored weight formats, from
+/// the config.json `afd synth --config-only` would write (nothing is written).
+pub fn named_shape(family: model::Family, name: &str) -> Result<(ModelConfig, StoredFormats)> {
+    let preset = name
+        .parse::<model::synth::Preset>()
+        .map_err(|e| Error::Config(format!("`{name}` is not a shape: {e}")))?;
+    let options = model::synth::SynthOptions {
+        family,
+        preset,
+        format: None,
+        seed: 0,
+        config_only: true,
+    };
+    let text = model::synth::config_json_text(&options)?;
+    let config = ModelConfig::from_json(&text, std::path::Path::new("config.json"))?;
+    let stored =
+        StoredFormats::from_config_json(&text, &config).map_err(|source| Error::Cards {
+            what: format!("the shape {family} {name}"),
+            source: Box::new(source),
+        })?;
+    Ok((config, stored))
 }
 
 /// Whether a profile setting names a file rather than a built-in profile.

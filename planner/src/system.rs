@@ -76,9 +76,9 @@ pub struct CardRows {
 /// Where a micro-batch's rows went, layer by layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Routing<'a> {
-    /// Uniform routing in expectation (the planner's): a token's row goes to the expected
-    /// number of distinct cards holding its top-k experts, and every card is timed for a
-    /// balanced share.
+    /// Uniform routing in expectation (the planner's): every card's mean time, the slowest
+    /// card's mean time and the mean rows sent over many draws of the routing
+    /// ([`crate::expected`]).
     Expected,
     /// As dispatched: per layer, the cards that were sent rows (cards absent got nothing).
     Observed(&'a [Vec<CardRows>]),
@@ -423,13 +423,10 @@ impl System<'_> {
         let wire = self.wire_bytes as f64;
         let node_bw = self.network.nic_bandwidth * self.network.nics_per_attention_node as f64;
         let hop = self.network.hop_latency_ns * 1e-9;
-        let (rows, per_card) = match mb.routing {
+        let (rows, per_card, slowest) = match mb.routing {
             Routing::Expected => {
-                let d = cards.cards_per_token_milli(l) as f64 / 1000.0;
-                (
-                    group.tokens as f64 * d,
-                    cards.expected_layer_times(l, group.tokens),
-                )
+                let e = cards.expected_layer(l, group.tokens);
+                (e.rows, e.per_card.clone(), e.slowest.clone())
             }
             Routing::Observed(layers) => {
                 let mut per_card = vec![LayerTime::default(); cards.len()];
@@ -440,7 +437,12 @@ impl System<'_> {
                         rows += c.rows;
                     }
                 }
-                (rows as f64, per_card)
+                let slowest = per_card
+                    .iter()
+                    .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
+                    .cloned()
+                    .unwrap_or_default();
+                (rows as f64, per_card, slowest)
             }
         };
         let rows_per_token = if group.tokens == 0 {
@@ -458,11 +460,6 @@ impl System<'_> {
         );
         let out = rows * (h * wire + k * 8.0);
         let back = rows * h * wire;
-        let slowest = per_card
-            .iter()
-            .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
-            .cloned()
-            .unwrap_or_default();
         MbCost {
             g,
             send: hop + out / node_bw,

@@ -1,23 +1,12 @@
 use corsair_ffn::HardwareProfile;
 use corsair_ffn::compiler::StoredFormats;
 use model::ModelConfig;
-use model::synth::{Preset, SynthOptions, config_json_text};
 
 use super::*;
 
 /// A named GPT-OSS shape (`afd synth --config-only`) and its stored formats.
 pub(crate) fn shape(name: &str) -> (ModelConfig, StoredFormats) {
-    let options = SynthOptions {
-        family: model::Family::GptOss,
-        preset: name.parse::<Preset>().unwrap(),
-        format: None,
-        seed: 0,
-        config_only: true,
-    };
-    let text = config_json_text(&options).unwrap();
-    let config = ModelConfig::from_json(&text, std::path::Path::new("config.json")).unwrap();
-    let stored = StoredFormats::from_config_json(&text, &config).unwrap();
-    (config, stored)
+    named_shape(model::Family::GptOss, name).unwrap()
 }
 
 /// The built-in H100, Corsair and JetStream profiles.

@@ -237,6 +237,112 @@ fn expert_idle(program: &Program, i: usize, load: &LayerLoad) -> bool {
     }
 }
 
+/// The count an instruction's modeled time depends on: every instruction's time is a function
+/// of one count of its layer's load (the step's tokens, or one local expert's rows), which is
+/// what lets [`LayerCosts`] tabulate a layer by count.
+pub fn instruction_count(program: &Program, i: usize) -> RowCount {
+    match program.instructions.get(i) {
+        Some(Op::Gather { local, .. }) => RowCount::Expert(*local),
+        Some(Op::Stream { .. }) => match program.instructions.get(i + 1) {
+            Some(Op::MatMul { rows, .. }) => *rows,
+            _ => RowCount::Tokens,
+        },
+        Some(Op::MatMul { rows, .. } | Op::Activate { rows, .. } | Op::Scale { rows, .. }) => *rows,
+        Some(Op::Reduce { matmul, .. }) => match program.instructions.get(*matmul as usize) {
+            Some(Op::MatMul { rows, .. }) => *rows,
+            _ => RowCount::Tokens,
+        },
+        _ => RowCount::Tokens,
+    }
+}
+
+/// One layer's modeled time split by count: the instructions that depend on the step's tokens,
+/// and per local expert those that depend on its rows. [`LayerCosts::time`] of a load is
+/// [`layer_time`] of it (up to the order of the sums), but costs one table look-up per count
+/// once a count has been seen: what timing many loads of one program needs (an emulation
+/// times every step of a run).
+#[derive(Debug, Clone, Default)]
+pub struct LayerCosts {
+    /// Instructions of the layer by count: `groups[0]` the tokens', `groups[1 + i]` local
+    /// expert `i`'s.
+    groups: Vec<Vec<usize>>,
+    /// Per group, the time at each count seen so far.
+    seen: Vec<std::collections::HashMap<usize, LayerTime>>,
+}
+
+impl LayerCosts {
+    /// The table of `layer` of `program` (empty for a layer it does not have).
+    pub fn new(program: &Program, layer: usize) -> Self {
+        let Some(l) = program.layers.get(layer) else {
+            return LayerCosts::default();
+        };
+        let experts = match &l.kind {
+            crate::program::LayerKind::Moe { experts, .. } => experts.len(),
+            _ => 0,
+        };
+        let mut groups = vec![Vec::new(); 1 + experts];
+        for i in l.instructions.start..l.instructions.end {
+            let g = match instruction_count(program, i) {
+                RowCount::Tokens => 0,
+                RowCount::Expert(e) => 1 + e as usize,
+            };
+            if let Some(group) = groups.get_mut(g) {
+                group.push(i);
+            }
+        }
+        LayerCosts {
+            seen: vec![std::collections::HashMap::new(); groups.len()],
+            groups,
+        }
+    }
+
+    /// The time of the instructions of group `g` at count `count`.
+    fn group_time(&mut self, program: &Program, g: usize, count: usize) -> LayerTime {
+        if let Some(t) = self.seen.get(g).and_then(|s| s.get(&count)) {
+            return t.clone();
+        }
+        let load = match g {
+            0 => LayerLoad {
+                tokens: count,
+                expert_rows: Vec::new(),
+            },
+            _ => {
+                let mut rows = vec![0; g];
+                rows[g - 1] = count;
+                LayerLoad {
+                    tokens: 0,
+                    expert_rows: rows,
+                }
+            }
+        };
+        let mut t = LayerTime::default();
+        for &i in self.groups.get(g).map_or(&[][..], Vec::as_slice) {
+            t.add(
+                &program.instructions[i],
+                instruction_seconds(program, i, &load),
+            );
+        }
+        if let Some(s) = self.seen.get_mut(g) {
+            s.insert(count, t.clone());
+        }
+        t
+    }
+
+    /// The layer's time under `load` (the same program the table was made of).
+    pub fn time(&mut self, program: &Program, load: &LayerLoad) -> LayerTime {
+        let mut t = self.group_time(program, 0, load.tokens);
+        for g in 1..self.groups.len() {
+            let rows = load.expert_rows.get(g - 1).copied().unwrap_or(0);
+            let e = self.group_time(program, g, rows);
+            t.seconds += e.seconds;
+            t.lpddr_seconds += e.lpddr_seconds;
+            t.matmul_seconds += e.matmul_seconds;
+            t.io_seconds += e.io_seconds;
+        }
+        t
+    }
+}
+
 /// Modeled time of layer `layer` under `load`.
 pub fn layer_time(program: &Program, layer: usize, load: &LayerLoad) -> LayerTime {
     let mut t = LayerTime::default();

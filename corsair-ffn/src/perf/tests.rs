@@ -586,3 +586,31 @@ fn a_step_routes_uniformly_and_sums_every_layer() {
     assert_close(s.seconds, e.iter().sum(), "step");
     assert_close(s.lpddr_seconds, e[9] + e[13] + e[23], "step streams");
 }
+
+/// The table by count gives every load the time `layer_time` gives it, including counts of
+/// zero (an idle expert's stream is skipped) and loads seen twice.
+#[test]
+fn the_table_by_count_times_layers_as_layer_time_does() {
+    let p = program();
+    for layer in 0..p.layers.len() {
+        let mut table = LayerCosts::new(&p, layer);
+        for tokens in 0..=MAX_TOKENS {
+            for r1 in 0..=tokens.min(3) {
+                for r3 in [0, tokens / 2, tokens] {
+                    let load = LayerLoad {
+                        tokens,
+                        expert_rows: vec![r1, r3],
+                    };
+                    let want = layer_time(&p, layer, &load);
+                    for _ in 0..2 {
+                        let got = table.time(&p, &load);
+                        assert_close(got.seconds, want.seconds, "seconds");
+                        assert_close(got.lpddr_seconds, want.lpddr_seconds, "lpddr");
+                        assert_close(got.matmul_seconds, want.matmul_seconds, "matmul");
+                        assert_close(got.io_seconds, want.io_seconds, "io");
+                    }
+                }
+            }
+        }
+    }
+}

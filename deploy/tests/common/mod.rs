@@ -107,6 +107,23 @@ pub fn fixtures() -> Vec<PathBuf> {
     dirs
 }
 
+/// The folder of the shipped deployment files.
+pub fn deployments() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deployments")
+}
+
+/// Every shipped deployment file, sorted.
+pub fn shipped_deployments() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(deployments())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "{files:?}");
+    files
+}
+
 /// The tiny deployment file.
 pub fn tiny() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deployments/tiny.toml")

@@ -251,6 +251,11 @@ impl ModelConfig {
         self.layers.len()
     }
 
+    /// Per decoder layer, whether its feed-forward half is a mixture of experts.
+    pub fn moe_layers(&self) -> Vec<bool> {
+        self.layers.iter().map(|l| l.ffn == FfnKind::Moe).collect()
+    }
+
     /// Query heads per key/value head.
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads

@@ -1,0 +1,195 @@
+//! What uniform routing costs the cards in expectation: the planner's routing.
+//!
+//! A step waits for its slowest card, so a layer's card time is the expected time of the
+//! slowest card, not the time of a card under its expected load: at one token of four experts
+//! over eight cards, two or more of the token's experts share a card about two times in three.
+//! [`expected_layer`] draws the layer's routing many times (each token's top-k experts, distinct,
+//! every expert equally likely, from a generator with a fixed seed, so a plan is the same
+//! every time), dispatches each draw as the node does (an expert to its card; a replicated
+//! expert to whichever of its holders computes the fewest experts of the step so far, the most
+//! routed first) and averages each card's time, the slowest card's time and the rows sent.
+//! The draws per layer shrink as the micro-batch grows, since large batches vary little.
+
+use corsair_ffn::perf::LayerTime;
+
+use crate::cards::CardSet;
+
+/// Draws of one layer's routing per (layer, tokens): enough that the slowest card's mean is
+/// within a fraction of a percent, at most this many token-expert picks in all.
+const PICKS: usize = 1 << 16;
+/// Fewest and most draws.
+const DRAWS: (usize, usize) = (16, 512);
+
+/// Uniform routing's expected figures of one layer for one micro-batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExpectedLayer {
+    /// Each card's mean time (0 where it holds nothing of the layer).
+    pub per_card: Vec<LayerTime>,
+    /// The mean time of the slowest card.
+    pub slowest: LayerTime,
+    /// The mean number of rows sent, over every card.
+    pub rows: f64,
+}
+
+/// A small generator with a fixed seed (SplitMix64): the planner draws without `rand`, and
+/// the same plan draws the same routings.
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64 * n as f64) as usize % n.max(1)
+    }
+}
+
+fn add(a: &mut LayerTime, b: &LayerTime) {
+    a.seconds += b.seconds;
+    a.lpddr_seconds += b.lpddr_seconds;
+    a.matmul_seconds += b.matmul_seconds;
+    a.io_seconds += b.io_seconds;
+}
+
+fn scaled(a: &LayerTime, f: f64) -> LayerTime {
+    LayerTime {
+        seconds: a.seconds * f,
+        lpddr_seconds: a.lpddr_seconds * f,
+        matmul_seconds: a.matmul_seconds * f,
+        io_seconds: a.io_seconds * f,
+    }
+}
+
+/// Uniform routing's expected figures of `layer` of `cards` for `tokens` tokens.
+pub fn expected_layer(cards: &CardSet, layer: usize, tokens: usize) -> ExpectedLayer {
+    let n = cards.len();
+    let dense = cards.dense_cards(layer);
+    if !dense.is_empty() || tokens == 0 {
+        // A dense layer: every card holding columns gets every row; nothing to draw.
+        let per_card: Vec<LayerTime> = (0..n)
+            .map(|c| {
+                if dense.contains(&c) {
+                    cards.observed_layer_time(c, layer, tokens, &[])
+                } else {
+                    LayerTime::default()
+                }
+            })
+            .collect();
+        let slowest = per_card
+            .iter()
+            .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
+            .cloned()
+            .unwrap_or_default();
+        return ExpectedLayer {
+            per_card,
+            slowest,
+            rows: (dense.len() * tokens) as f64,
+        };
+    }
+    let (e, k) = (cards.num_experts(), cards.top_k());
+    if e == 0 || k == 0 {
+        return ExpectedLayer {
+            per_card: vec![LayerTime::default(); n],
+            ..ExpectedLayer::default()
+        };
+    }
+    // Who holds each expert, and where it sits in each holder's list.
+    let mut holders: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+    for c in 0..n {
+        for (local, &x) in cards.local_experts_of(c, layer).iter().enumerate() {
+            if let Some(h) = holders.get_mut(x as usize) {
+                h.push((c, local));
+            }
+        }
+    }
+    let draws = (PICKS / (tokens * k).max(1)).clamp(DRAWS.0, DRAWS.1);
+    let mut rng = Draws(0x0070_6c61_6e6e_6572 ^ ((layer as u64) << 32) ^ tokens as u64);
+    let mut per_card = vec![LayerTime::default(); n];
+    let mut slowest = LayerTime::default();
+    let mut rows_total = 0usize;
+    let mut chosen = vec![0usize; tokens * k];
+    let mut expert_rows = vec![0usize; e];
+    let mut serving = vec![usize::MAX; e];
+    for _ in 0..draws {
+        // Each token's k distinct experts.
+        expert_rows.iter_mut().for_each(|r| *r = 0);
+        for t in 0..tokens {
+            let row = &mut chosen[t * k..(t + 1) * k];
+            for j in 0..k {
+                row[j] = loop {
+                    let x = rng.below(e);
+                    if !row[..j].contains(&x) {
+                        break x;
+                    }
+                };
+                expert_rows[row[j]] += 1;
+            }
+        }
+        // Each routed expert to a card: its only holder, or the least busy of its holders.
+        let mut computing = vec![0usize; n];
+        let mut replicated = Vec::new();
+        for (x, h) in holders.iter().enumerate() {
+            serving[x] = usize::MAX;
+            match h.as_slice() {
+                _ if expert_rows[x] == 0 => {}
+                [(c, _)] => {
+                    serving[x] = *c;
+                    computing[*c] += 1;
+                }
+                _ => replicated.push(x),
+            }
+        }
+        replicated.sort_by_key(|&x| (std::cmp::Reverse(expert_rows[x]), x));
+        for x in replicated {
+            if let Some(&(c, _)) = holders[x].iter().min_by_key(|(c, _)| computing[*c]) {
+                serving[x] = c;
+                computing[c] += 1;
+            }
+        }
+        // Each card's rows (tokens with an expert there) and rows per local expert.
+        let mut card_rows = vec![0usize; n];
+        let mut last_token = vec![usize::MAX; n];
+        for t in 0..tokens {
+            for &x in &chosen[t * k..(t + 1) * k] {
+                let c = serving[x];
+                if c < n && last_token[c] != t {
+                    last_token[c] = t;
+                    card_rows[c] += 1;
+                }
+            }
+        }
+        let mut worst = LayerTime::default();
+        for c in 0..n {
+            let local = cards.local_experts_of(c, layer);
+            let rows: Vec<usize> = local
+                .iter()
+                .map(|&x| {
+                    let x = x as usize;
+                    if serving.get(x) == Some(&c) {
+                        expert_rows[x]
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let time = cards.observed_layer_time(c, layer, card_rows[c], &rows);
+            if time.seconds > worst.seconds {
+                worst = time.clone();
+            }
+            add(&mut per_card[c], &time);
+            rows_total += card_rows[c];
+        }
+        add(&mut slowest, &worst);
+    }
+    let f = 1.0 / draws as f64;
+    ExpectedLayer {
+        per_card: per_card.iter().map(|t| scaled(t, f)).collect(),
+        slowest: scaled(&slowest, f),
+        rows: rows_total as f64 * f,
+    }
+}
