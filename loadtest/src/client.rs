@@ -21,20 +21,24 @@ use crate::sse::{SseDecoder, SseEvent};
 /// reused; a server that keeps the stream open longer is cut off.
 const DRAIN_AFTER_DONE: Duration = Duration::from_millis(500);
 
+/// `GET {base}/v1/models`.
+fn models_request(pool: &ConnectionPool, api_key: Option<&str>) -> HttpRequest {
+    HttpRequest {
+        method: Method::GET,
+        path: format!("{}/v1/models", pool.base_path()),
+        bearer: api_key.map(str::to_string),
+        json: None,
+    }
+}
+
 /// `GET {base}/v1/models` and the first model's `id`, as vLLM does without `--model`.
 pub async fn first_model(pool: &ConnectionPool, api_key: Option<&str>) -> Result<String, Error> {
-    let path = format!("{}/v1/models", pool.base_path());
-    let url = pool.url(&path);
+    let request = models_request(pool, api_key);
+    let url = pool.url(&request.path);
     let lookup_error = |reason: String, cause: Option<Cause>| Error::ModelLookup {
         url: url.clone(),
         reason,
         cause,
-    };
-    let request = HttpRequest {
-        method: Method::GET,
-        path,
-        bearer: api_key.map(str::to_string),
-        json: None,
     };
     let deadline = pool.deadline();
     let answer = pool
@@ -63,6 +67,42 @@ pub async fn first_model(pool: &ConnectionPool, api_key: Option<&str>) -> Result
                 None,
             )
         })
+}
+
+/// The response header in which a server that runs on a dilated modeled clock (afd's `serve
+/// --clock modeled --time-dilation K`) says its `K`.
+pub const TIME_DILATION_HEADER: &str = "x-afd-time-dilation";
+
+/// The header in which such a server says whether its dilation is settled (`false` while an
+/// automatic one is still being measured).
+pub const TIME_DILATION_SETTLED_HEADER: &str = "x-afd-time-dilation-settled";
+
+/// The time dilation a response says its server runs at (`None`: an ordinary server).
+pub fn time_dilation(headers: &hyper::HeaderMap) -> Option<f64> {
+    headers
+        .get(TIME_DILATION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|k| k.is_finite() && *k > 0.0)
+}
+
+/// Asks a server that answered with a time dilation for it now, with `GET {base}/v1/models`:
+/// the dilation and whether it is settled; `None` when it cannot be asked.
+pub async fn server_time_dilation(
+    pool: &ConnectionPool,
+    api_key: Option<&str>,
+) -> Option<(f64, bool)> {
+    let request = models_request(pool, api_key);
+    let deadline = pool.deadline();
+    let answer = pool.send(&request, deadline).await.ok()?;
+    let headers = answer.response.headers();
+    let k = time_dilation(headers);
+    let settled = headers
+        .get(TIME_DILATION_SETTLED_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|v| v != "false");
+    let _ = read_text(pool, answer, &request.path, deadline).await;
+    k.map(|k| (k, settled))
 }
 
 /// The whole body of `answer` as text (invalid UTF-8 replaced); the connection goes back to
@@ -184,6 +224,7 @@ impl ApiClient {
         };
         let retried = answer.retried;
         let status = answer.response.status();
+        let dilation = time_dilation(answer.response.headers());
         if !status.is_success() {
             let text = read_text(&self.pool, answer, &request.path, deadline)
                 .await
@@ -203,6 +244,7 @@ impl ApiClient {
         let t = now();
         RequestOutcome {
             retried,
+            time_dilation: dilation,
             ..recorder.finish(t)
         }
     }

@@ -1,7 +1,11 @@
 //! afd-loadtest: an OpenAI-API load generator.
 //!
 //! Owns arrival processes, the streaming HTTP client, vLLM `bench serve` metric definitions
-//! (TTFT, TPOT, ITL, end-to-end latency, throughput, goodput), result files, tables and plots.
+//! (TTFT, TPOT, ITL, end-to-end latency, throughput, goodput), result files, tables and plots,
+//! and the workload and result assembly other runners share ([`workload`], [`benchmark_result`],
+//! the flags in [`args`]: afd's emulation runs the same workload and writes the same files).
+//! Against a server that says it runs on a dilated clock (`x-afd-time-dilation`), it divides
+//! what it measured by the dilation and says so in the result.
 //!
 //! Must not: depend on any other afd crate: it measures any OpenAI-compatible server.
 //!
@@ -28,6 +32,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod args;
 pub mod arrival;
 pub mod client;
 pub mod compare;
@@ -50,5 +55,6 @@ pub use config::{BenchmarkConfig, EndpointKind, PromptConfig, PromptSource, SloM
 pub use error::Error;
 pub use output::{OutputOptions, save_result, save_sweep};
 pub use result::BenchmarkResult;
-pub use runner::{resolve_model, run_benchmark};
+pub use result::TimeBase;
+pub use runner::{benchmark_result, resolve_model, run_benchmark, workload};
 pub use sweep::{Sweep, SweepParameter, SweepResult, run_sweep};

@@ -145,6 +145,7 @@ pub fn save_sweep(sweep: &SweepResult, options: &OutputOptions) -> Result<Vec<Pa
             (SweepPlot::Tpot, "tpot"),
             (SweepPlot::Ttft, "ttft"),
             (SweepPlot::Throughput, "throughput"),
+            (SweepPlot::Goodput, "goodput"),
         ] {
             let path = options.result_dir.join(format!("{stem}.{suffix}.svg"));
             plot::sweep(sweep, kind, &path)?;

@@ -306,6 +306,10 @@ pub enum SweepPlot {
     Ttft,
     /// Output and total token throughput against the swept parameter.
     Throughput,
+    /// Requests served per second and goodput (requests meeting every SLO per second) against
+    /// the swept parameter, with the offered rate in a rate sweep: where the curves part is
+    /// where queueing starts.
+    Goodput,
 }
 
 /// Writes one sweep plot.
@@ -389,6 +393,42 @@ fn draw_sweep(sweep: &SweepResult, kind: SweepPlot, path: &Path) -> DrawResult {
                 ),
             ],
         ),
+        SweepPlot::Goodput => {
+            let mut series: Vec<Series> = vec![(
+                "served req/s".to_string(),
+                BLUE,
+                sweep
+                    .points
+                    .iter()
+                    .map(|p| p.result.request_throughput)
+                    .collect(),
+            )];
+            if sweep
+                .points
+                .iter()
+                .any(|p| p.result.request_goodput.is_some())
+            {
+                series.push((
+                    "goodput req/s (every SLO met)".to_string(),
+                    DARK_GREEN,
+                    sweep
+                        .points
+                        .iter()
+                        .map(|p| p.result.request_goodput.unwrap_or(0.0))
+                        .collect(),
+                ));
+            }
+            if sweep.parameter == crate::sweep::SweepParameter::RequestRate
+                && sweep.points.iter().all(|p| p.value.is_finite())
+            {
+                series.push((
+                    "offered req/s".to_string(),
+                    ORANGE,
+                    sweep.points.iter().map(|p| p.value).collect(),
+                ));
+            }
+            ("Requests served and goodput", "requests/s", series)
+        }
     };
     let model = sweep
         .points

@@ -43,6 +43,8 @@ pub struct RequestOutcome {
     /// Sent a second time, on a fresh connection, after a kept-alive one failed before any
     /// byte of the answer arrived (the times count from the first send).
     pub retried: bool,
+    /// The time dilation the server said it runs at (`x-afd-time-dilation`), if it said one.
+    pub time_dilation: Option<f64>,
 }
 
 impl RequestOutcome {

@@ -29,6 +29,9 @@ fn row(out: &mut String, label: &str, value: impl std::fmt::Display) {
 pub fn format_result(r: &BenchmarkResult) -> String {
     let mut out = centered(" Serving Benchmark Result ", '=');
     out.push('\n');
+    if let Some(t) = &r.time_base {
+        let _ = writeln!(out, "Times: {}", t.note);
+    }
     row(&mut out, "Successful requests:", r.completed);
     row(&mut out, "Failed requests:", r.failed);
     if let Some(c) = r.max_concurrency {

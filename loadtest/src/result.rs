@@ -167,6 +167,26 @@ pub struct BenchmarkResult {
     pub output_chunks_per_second: Vec<f64>,
     /// The configured workload.
     pub workload: WorkloadInfo,
+    /// What the times measure, when not a server's wall clock: an emulation's modeled time,
+    /// or a server's dilated clock with the times divided back (afd-loadtest addition).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_base: Option<TimeBase>,
+    /// What the runner that made the result adds (an emulation: the deployment, its profiles,
+    /// the step breakdown), as JSON (afd-loadtest addition).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub emulation: Option<serde_json::Value>,
+}
+
+/// What a result's times measure, when not a server's wall clock.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimeBase {
+    /// `modeled` (an emulation in virtual time) or `dilated` (a server whose modeled clock
+    /// runs `dilation` times slower than the wall; every time was divided by it).
+    pub clock: String,
+    /// The server's time dilation the times were divided by (1 for an emulation).
+    pub dilation: f64,
+    /// In words, for the report.
+    pub note: String,
 }
 
 fn number_or_inf<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {

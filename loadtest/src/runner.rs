@@ -12,14 +12,14 @@ use rand::rngs::StdRng;
 use tokio::sync::Semaphore;
 
 use crate::arrival::arrival_offsets;
-use crate::client::{ApiClient, first_model};
+use crate::client::{ApiClient, TIME_DILATION_HEADER, first_model, server_time_dilation};
 use crate::config::{BenchmarkConfig, PromptSource};
 use crate::connection::ConnectionPool;
 use crate::error::Error;
 use crate::metrics::calculate_metrics;
 use crate::prompts::{RequestSpec, build_requests};
 use crate::record::RequestOutcome;
-use crate::result::{BenchmarkResult, WorkloadInfo, utc_timestamp};
+use crate::result::{BenchmarkResult, TimeBase, WorkloadInfo, utc_timestamp};
 
 /// The model to send: `config.model`, else the first model the server lists.
 pub async fn resolve_model(config: &BenchmarkConfig) -> Result<String, Error> {
@@ -56,6 +56,80 @@ pub async fn run_benchmark(config: &BenchmarkConfig) -> Result<BenchmarkResult, 
         temperature: config.temperature,
     });
 
+    let (specs, offsets) = workload(config)?;
+    // A server on a dilated clock says so on every answer (a server measuring its dilation
+    // settles on its first steps, which the warm-up covers).
+    let dilated = match specs.first() {
+        Some(first) => warm_up(&client, first, config).await?,
+        None => false,
+    };
+    // Asked once more after the warm-up, and only of a server that said it is dilated.
+    let warmed = if dilated {
+        server_time_dilation(&client.pool, config.api_key.as_deref()).await
+    } else {
+        None
+    };
+    let unsettled = warmed.is_some_and(|(_, settled)| !settled);
+    let warmed = warmed.map(|(k, _)| k);
+    // Against a dilated server the arrivals are dilated too, so the offered load is the
+    // configured one on the server's modeled clock.
+    let offsets: Vec<f64> = match warmed {
+        Some(k) => offsets.iter().map(|o| o * k).collect(),
+        None => offsets,
+    };
+    let date = utc_timestamp();
+    let (mut outcomes, mut duration) = measure(&client, specs, &offsets, config).await;
+    let said: Vec<f64> = outcomes.iter().filter_map(|o| o.time_dilation).collect();
+    let dilation = warmed.or_else(|| said.first().copied());
+    if let Some(k) = dilation {
+        undilate(&mut outcomes, &mut duration, k);
+    }
+    let mut result = benchmark_result(config, &model, base_url, &outcomes, duration, date);
+    result.time_base = dilation.map(|k| {
+        let mut caveats = String::new();
+        if said.iter().any(|&s| s != k) {
+            caveats += " (WARNING: its answers did not all say the same dilation: the times \
+                        mix several; warm up longer or fix --time-dilation)";
+        }
+        if unsettled {
+            caveats += " (WARNING: the server was still measuring its dilation after the \
+                        warm-up: warm up longer, or fix --time-dilation)";
+        }
+        if warmed.is_none() && config.request_rate.is_finite() {
+            caveats += " (without a warm-up the dilation was not known before the run, so the \
+                        arrivals were not spaced by it: the offered rate was k times higher)";
+        }
+        TimeBase {
+            clock: "dilated".into(),
+            dilation: k,
+            note: format!(
+                "the server runs a modeled clock {k} times slower than the wall (its \
+                 {TIME_DILATION_HEADER} header); every time here is divided by {k}{caveats}"
+            ),
+        }
+    });
+    Ok(result)
+}
+
+/// Divides every time of a run against a server dilated `k` times by `k`.
+fn undilate(outcomes: &mut [RequestOutcome], duration: &mut f64, k: f64) {
+    *duration /= k;
+    for o in outcomes {
+        o.ttft /= k;
+        o.latency /= k;
+        o.start_time /= k;
+        o.end_time /= k;
+        o.queue_time /= k;
+        for gap in &mut o.itl {
+            *gap /= k;
+        }
+    }
+}
+
+/// The workload of `config`: every request (prompt and output length) and its arrival offset
+/// in seconds, drawn from `config.seed` before anything is sent (as vLLM does), so every runner
+/// (this client, an emulation) gets the same requests at the same times for the same seed.
+pub fn workload(config: &BenchmarkConfig) -> Result<(Vec<RequestSpec>, Vec<f64>), Error> {
     let mut rng = StdRng::seed_from_u64(config.seed);
     let specs = build_requests(config, &mut rng)?;
     let offsets = arrival_offsets(
@@ -64,22 +138,30 @@ pub async fn run_benchmark(config: &BenchmarkConfig) -> Result<BenchmarkResult, 
         config.burstiness,
         &mut rng,
     );
+    Ok((specs, offsets))
+}
 
-    if let Some(first) = specs.first() {
-        warm_up(&client, first, config).await?;
-    }
-    let date = utc_timestamp();
-    let (outcomes, duration) = measure(&client, specs, &offsets, config).await;
-
-    let metrics = calculate_metrics(&outcomes, duration, &config.percentiles, &config.goodput);
+/// The result of a run of `config` that measured `outcomes` (one per request sent, in
+/// workload order) over `duration` seconds: the metrics and every per-request array, with
+/// vLLM's field names. Shared by every runner (this client, and afd's emulation of a
+/// deployment), so a figure means the same wherever it came from.
+pub fn benchmark_result(
+    config: &BenchmarkConfig,
+    model: &str,
+    base_url: String,
+    outcomes: &[RequestOutcome],
+    duration: f64,
+    date: String,
+) -> BenchmarkResult {
+    let metrics = calculate_metrics(outcomes, duration, &config.percentiles, &config.goodput);
     let backend = config.endpoint.vllm_backend_name().to_string();
     let mut result = BenchmarkResult {
         date,
         endpoint_type: backend.clone(),
         backend: backend.clone(),
         label: config.label.clone().unwrap_or(backend),
-        model_id: model.clone(),
-        tokenizer_id: model,
+        model_id: model.to_string(),
+        tokenizer_id: model.to_string(),
         num_prompts: config.num_prompts,
         request_rate: config.request_rate,
         burstiness: config.burstiness,
@@ -113,17 +195,18 @@ pub async fn run_benchmark(config: &BenchmarkConfig) -> Result<BenchmarkResult, 
         ..BenchmarkResult::default()
     };
     result.fill_metrics(&metrics);
-    Ok(result)
+    result
 }
 
 /// Sends `config.num_warmups` copies of the first request; an error if all of them fail.
+/// Whether the server said it runs on a dilated clock.
 async fn warm_up(
     client: &Arc<ApiClient>,
     spec: &RequestSpec,
     config: &BenchmarkConfig,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     if config.num_warmups == 0 {
-        return Ok(());
+        return Ok(false);
     }
     let limit = Arc::new(Semaphore::new(
         config.max_concurrency.unwrap_or(config.num_warmups).max(1),
@@ -141,9 +224,13 @@ async fn warm_up(
     }
     let mut first_failure = None;
     let mut any_success = false;
+    let mut dilated = false;
     for task in tasks {
         match task.await {
-            Ok(o) if o.success => any_success = true,
+            Ok(o) if o.success => {
+                any_success = true;
+                dilated |= o.time_dilation.is_some();
+            }
             Ok(o) => {
                 first_failure.get_or_insert(o.error);
             }
@@ -153,7 +240,7 @@ async fn warm_up(
         }
     }
     if any_success {
-        return Ok(());
+        return Ok(dilated);
     }
     Err(Error::WarmupFailed {
         url: client.api_url.clone(),

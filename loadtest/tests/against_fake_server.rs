@@ -386,8 +386,8 @@ async fn sweep_writes_one_result_per_point_a_summary_and_plots() {
         .iter()
         .filter(|p| p.extension().is_some_and(|e| e == "svg"))
         .collect();
-    // Latency and timeline per point, then TPOT, TTFT and throughput for the sweep.
-    assert_eq!(svgs.len(), 3 * 2 + 3);
+    // Latency and timeline per point, then TPOT, TTFT, throughput and goodput for the sweep.
+    assert_eq!(svgs.len(), 3 * 2 + 4);
     let tpot_plot = written
         .iter()
         .find(|p| p.to_string_lossy().ends_with(".tpot.svg"))

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use step::{AttentionNode, HealthSource, KvCapacity, NodeHealth};
+use step::{AttentionNode, Clock, HealthSource, KvCapacity, NodeHealth};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::config::RouterConfig;
@@ -16,6 +16,7 @@ use crate::engine::{Command, Engine, NodeShared, RequestEvent};
 use crate::error::Error;
 use crate::scheduler::{NewRequest, RequestId, Scheduler, SequenceParams};
 use crate::stats::RouterStats;
+use crate::timing::{ClockSnapshot, ClockStats, Dilation, Pacer, Timing};
 
 /// A request as the server hands it to the router (tokenized and validated).
 #[derive(Debug, Clone, PartialEq)]
@@ -47,10 +48,23 @@ impl NodeHandle {
     }
 }
 
+/// The node a new request goes to: the least loaded (requests assigned and not finished) of
+/// those that can serve (`Some(load)`), the first of them on a tie; `None` when none can.
+pub fn pick_node(loads: &[Option<usize>]) -> Option<usize> {
+    loads
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| l.map(|l| (i, l)))
+        .min_by_key(|&(_, l)| l)
+        .map(|(i, _)| i)
+}
+
 /// Continuous batching over one or more attention nodes (one engine thread each).
 pub struct Router {
     config: RouterConfig,
     nodes: Vec<NodeHandle>,
+    clock: Arc<dyn Clock>,
+    clock_stats: Arc<ClockStats>,
     next_id: AtomicU64,
     not_started_total: Arc<AtomicUsize>,
 }
@@ -65,11 +79,43 @@ impl std::fmt::Debug for Router {
 }
 
 impl Router {
-    /// Starts one engine thread per node. Every node must hold `max_model_len` tokens.
+    /// Starts one engine thread per node, on the wall clock. Every node must hold
+    /// `max_model_len` tokens.
     pub fn start(config: RouterConfig, nodes: Vec<Box<dyn AttentionNode>>) -> Result<Self, Error> {
+        Self::start_with(config, nodes, Timing::default())
+    }
+
+    /// [`Router::start`] on the clock of `timing` (with a modeled clock, one step timer per
+    /// node).
+    pub fn start_with(
+        config: RouterConfig,
+        nodes: Vec<Box<dyn AttentionNode>>,
+        timing: Timing,
+    ) -> Result<Self, Error> {
         if nodes.is_empty() {
             return Err(Error::NoNodes);
         }
+        let clock_stats = Arc::new(ClockStats::default());
+        let (clock_kind, mut timers) = match timing.modeled {
+            Some(m) => {
+                if m.timers.len() != nodes.len() {
+                    return Err(Error::Config(format!(
+                        "a modeled clock needs one step timer per attention node: {} for {} nodes",
+                        m.timers.len(),
+                        nodes.len()
+                    )));
+                }
+                let auto = m.dilation == Dilation::Auto;
+                if !auto {
+                    clock_stats.settle();
+                }
+                (
+                    Some((m.clock, auto)),
+                    m.timers.into_iter().map(Some).collect::<Vec<_>>(),
+                )
+            }
+            None => (None, Vec::new()),
+        };
         let not_started_total = Arc::new(AtomicUsize::new(0));
         let mut handles = Vec::with_capacity(nodes.len());
         for (index, node) in nodes.into_iter().enumerate() {
@@ -79,7 +125,27 @@ impl Router {
                 .map_err(|e| Error::Config(format!("attention node {index}: {e}")))?;
             let shared = Arc::new(NodeShared::new(Arc::clone(&not_started_total)));
             let (tx, rx) = channel();
-            let engine = Engine::new(index, node, scheduler, Arc::clone(&shared), rx);
+            let pacer = clock_kind.as_ref().and_then(|(clock, auto)| {
+                timers
+                    .get_mut(index)
+                    .and_then(Option::take)
+                    .map(|timer| Pacer {
+                        timer,
+                        clock: Arc::clone(clock),
+                        stats: Arc::clone(&clock_stats),
+                        auto: *auto,
+                        node: index,
+                    })
+            });
+            let engine = Engine::new(
+                index,
+                node,
+                scheduler,
+                Arc::clone(&shared),
+                rx,
+                Arc::clone(&timing.clock),
+                pacer,
+            );
             let thread = std::thread::Builder::new()
                 .name(format!("afd-engine-{index}"))
                 .spawn(move || engine.run())
@@ -98,6 +164,8 @@ impl Router {
         Ok(Router {
             config,
             nodes: handles,
+            clock: timing.clock,
+            clock_stats,
             next_id: AtomicU64::new(1),
             not_started_total,
         })
@@ -106,6 +174,16 @@ impl Router {
     /// The settings.
     pub fn config(&self) -> &RouterConfig {
         &self.config
+    }
+
+    /// The clock serving reads (wall time, or a modeled clock).
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The modeled clock's figures (dilation, late steps); `modeled` is false on wall time.
+    pub fn clock_snapshot(&self) -> ClockSnapshot {
+        self.clock_stats.snapshot(self.clock.as_ref())
     }
 
     /// Number of attention nodes.
@@ -177,21 +255,22 @@ impl Router {
     /// that can serve.
     fn place(&self, request: GenerationRequest) -> Result<RequestStream, Error> {
         let mut refusals = Vec::new();
-        let candidate = self
+        let loads: Vec<Option<usize>> = self
             .nodes
             .iter()
             .enumerate()
-            .filter(|(i, n)| match n.unserved() {
-                None => true,
+            .map(|(i, n)| match n.unserved() {
+                None => Some(n.shared.load.load(Ordering::Acquire)),
                 Some(why) => {
-                    refusals.push((*i, why));
-                    false
+                    refusals.push((i, why));
+                    None
                 }
             })
-            .min_by_key(|(_, n)| n.shared.load.load(Ordering::Acquire));
-        let Some((index, node)) = candidate else {
+            .collect();
+        let Some(index) = pick_node(&loads) else {
             return Err(self.refusal(refusals));
         };
+        let node = &self.nodes[index];
         node.shared.load.fetch_add(1, Ordering::AcqRel);
         node.shared.not_started.fetch_add(1, Ordering::AcqRel);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -379,5 +458,23 @@ impl RequestStream {
 impl Drop for RequestStream {
     fn drop(&mut self) {
         self.send_abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_node;
+
+    #[test]
+    fn the_least_loaded_node_that_can_serve_takes_the_request() {
+        assert_eq!(
+            pick_node(&[Some(3), Some(1), Some(1)]),
+            Some(1),
+            "first on a tie"
+        );
+        assert_eq!(pick_node(&[None, Some(5), Some(7)]), Some(1));
+        assert_eq!(pick_node(&[Some(0), None]), Some(0));
+        assert_eq!(pick_node(&[None, None]), None);
+        assert_eq!(pick_node(&[]), None);
     }
 }

@@ -11,12 +11,13 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use step::{AttentionNode, StepError};
+use step::{AttentionNode, Clock, StepError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::GenerationError;
 use crate::scheduler::{NewRequest, RequestId, RequestStatus, Scheduler, TokenOutput};
 use crate::stats::NodeStats;
+use crate::timing::Pacer;
 
 /// What a request's output channel carries: tokens, or the error that ended it.
 pub type RequestEvent = Result<TokenOutput, GenerationError>;
@@ -86,6 +87,10 @@ impl NodeShared {
 pub(crate) struct Engine {
     pub(crate) index: usize,
     pub(crate) node: Box<dyn AttentionNode>,
+    /// What steps are stamped with.
+    clock: Arc<dyn Clock>,
+    /// On a modeled clock: what times the steps and keeps pace.
+    pacer: Option<Pacer>,
     pub(crate) scheduler: Scheduler,
     pub(crate) shared: Arc<NodeShared>,
     pub(crate) commands: Receiver<Command>,
@@ -97,14 +102,21 @@ pub(crate) struct Engine {
 impl Engine {
     pub(crate) fn new(
         index: usize,
-        node: Box<dyn AttentionNode>,
+        mut node: Box<dyn AttentionNode>,
         scheduler: Scheduler,
         shared: Arc<NodeShared>,
         commands: Receiver<Command>,
+        clock: Arc<dyn Clock>,
+        pacer: Option<Pacer>,
     ) -> Self {
+        if pacer.is_some() {
+            node.record_routing(true);
+        }
         Engine {
             index,
             node,
+            clock,
+            pacer,
             scheduler,
             shared,
             commands,
@@ -226,7 +238,8 @@ impl Engine {
     }
 
     fn step(&mut self) {
-        let out = self.scheduler.schedule(Instant::now());
+        let wall_start = Instant::now();
+        let out = self.scheduler.schedule(self.clock.now());
         for _ in &out.started {
             self.shared.started();
         }
@@ -245,12 +258,25 @@ impl Engine {
             }
             return;
         }
-        match self.node.step(&out.batch) {
+        if let Some(p) = &self.pacer {
+            p.begin();
+        }
+        let stepped = self.node.step(&out.batch);
+        if let Some(p) = self.pacer.as_mut() {
+            match &stepped {
+                Ok(_) => {
+                    let routing = self.node.take_routing();
+                    p.finish(&out.batch, routing.as_ref(), wall_start);
+                }
+                Err(_) => p.abandon(),
+            }
+        }
+        match stepped {
             Ok(result) => {
                 self.shared.healthy.store(true, Ordering::Release);
                 let (tokens, failed) =
                     self.scheduler
-                        .update_from_output(&out, &result, Instant::now());
+                        .update_from_output(&out, &result, self.clock.now());
                 // Publish before the tokens go out, so a client that saw a token sees the step
                 // in the metrics too.
                 self.publish();

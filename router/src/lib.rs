@@ -17,6 +17,8 @@
 //!   node and returns a [`RequestStream`] of [`TokenOutput`]s per sequence; dropping a stream
 //!   aborts its request and frees its KV blocks at once.
 //! - [`stats`]: snapshots for metrics, including the [`AfdStats`] hooks of the disaggregated path.
+//! - [`timing`]: the clock the engines stamp with, and on a modeled clock the pacing of each
+//!   step to its dilated modeled end ([`Timing`]).
 //! - [`fake`]: a deterministic fake attention node for tests without a model.
 
 pub mod config;
@@ -26,12 +28,14 @@ pub mod error;
 pub mod fake;
 pub mod scheduler;
 pub mod stats;
+pub mod timing;
 
 pub use config::{RouterConfig, SchedulerConfig};
-pub use dispatch::{GenerationRequest, RequestStream, Router};
+pub use dispatch::{GenerationRequest, RequestStream, Router, pick_node};
 pub use engine::RequestEvent;
 pub use error::{Error, GenerationError};
 pub use scheduler::{
     BlockManager, FinishReason, RequestId, Scheduler, SchedulerOutput, SequenceParams, TokenOutput,
 };
 pub use stats::{AfdStats, AfdStatsSource, NodeStats, RouterStats};
+pub use timing::{ClockSnapshot, Dilation, Timing};

@@ -28,7 +28,8 @@ pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
 ) -> Response {
-    let arrival = Instant::now();
+    // The router's clock: wall time, or the modeled clock of `--clock modeled`.
+    let arrival = state.router.clock().now();
     match handle(&state, &body, arrival).await {
         Ok(r) => r,
         Err(e) => {

@@ -305,7 +305,7 @@ impl ChoiceTracker {
             };
             self.state
                 .metrics
-                .finished(&self.timing, reason, Instant::now());
+                .finished(&self.timing, reason, self.state.router.clock().now());
         }
         Ok(delta)
     }
@@ -331,9 +331,11 @@ impl ChoiceTracker {
 impl Drop for ChoiceTracker {
     fn drop(&mut self) {
         if !self.finished {
-            self.state
-                .metrics
-                .finished(&self.timing, FinishedReason::Abort, Instant::now());
+            self.state.metrics.finished(
+                &self.timing,
+                FinishedReason::Abort,
+                self.state.router.clock().now(),
+            );
         }
     }
 }

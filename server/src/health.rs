@@ -33,7 +33,10 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let stats = state.router.stats();
     let afd = state.afd_stats.as_ref().map(|s| s.snapshot());
     crate::cards::record(&state.metrics, &state.router);
-    let text = state.metrics.render(&stats, afd.as_ref(), state.block_size);
+    let clock = state.router.clock_snapshot();
+    let text = state
+        .metrics
+        .render(&stats, afd.as_ref(), &clock, state.block_size);
     (
         [(
             header::CONTENT_TYPE,

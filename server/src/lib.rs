@@ -78,7 +78,40 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
             state.clone(),
             refuse_while_draining,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            say_time_dilation,
+        ))
         .with_state(state)
+}
+
+/// The response header in which a server on a dilated modeled clock says its dilation:
+/// afd-loadtest reads it and divides the times it measured.
+pub const TIME_DILATION_HEADER: &str = "x-afd-time-dilation";
+/// Beside it: `false` while `--time-dilation auto` is still measuring.
+pub const TIME_DILATION_SETTLED_HEADER: &str = "x-afd-time-dilation-settled";
+
+/// On a modeled clock (`afd serve --clock modeled`), every answer says the dilation, so any
+/// client can turn the wall times it measures back into modeled ones.
+async fn say_time_dilation(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let mut response = next.run(request).await;
+    let clock = state.router.clock();
+    if clock.is_modeled()
+        && let Ok(value) = axum::http::HeaderValue::from_str(&clock.dilation().to_string())
+    {
+        let settled = state.router.clock_snapshot().settled;
+        let headers = response.headers_mut();
+        headers.insert(TIME_DILATION_HEADER, value);
+        headers.insert(
+            TIME_DILATION_SETTLED_HEADER,
+            axum::http::HeaderValue::from_static(if settled { "true" } else { "false" }),
+        );
+    }
+    response
 }
 
 /// While the server drains, every route but `/metrics` and `/version` answers 503 (the

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
-use router::{AfdStats, RouterStats};
+use router::{AfdStats, ClockSnapshot, RouterStats};
 
 static METADATA: Metadata<'static> =
     Metadata::new("afd::server", Level::INFO, Some(module_path!()));
@@ -235,6 +235,22 @@ impl Metrics {
                 "afd_card_up",
                 "1 while the card is up, 0 while it is down or rejoining (per attention node).",
             ),
+            (
+                "afd_clock_time_dilation",
+                "Wall seconds per modeled second (--clock modeled): every time the server reports is modeled time; clients measuring wall time divide by this.",
+            ),
+            (
+                "afd_clock_dilation_settled",
+                "1 once the dilation is fixed (--time-dilation auto measures the first steps first).",
+            ),
+            (
+                "afd_clock_required_dilation",
+                "The smallest dilation at which this host would have finished every step so far within its dilated modeled time.",
+            ),
+            (
+                "afd_clock_modeled_step_seconds",
+                "Modeled seconds of every step so far, over every attention node.",
+            ),
         ] {
             recorder.describe_gauge(name.into(), None, help.into());
         }
@@ -247,6 +263,11 @@ impl Metrics {
                 "Tokens computed, recomputation included.",
             ),
             ("afd_steps_total", "Steps run by the attention nodes."),
+            (
+                "afd_clock_late_steps_total",
+                "Steps the host did not finish within their dilated modeled time (--clock modeled): their tokens came late.",
+            ),
+            ("afd_clock_steps_total", "Steps timed by the modeled clock."),
             (
                 "afd_jetstream_bytes_total",
                 "Bytes over JetStream per layer (both ways).",
@@ -372,7 +393,13 @@ impl Metrics {
 
     /// The Prometheus text, with the engines' gauges and counters read from `stats` and the
     /// disaggregated path's from `afd`.
-    pub fn render(&self, stats: &RouterStats, afd: Option<&AfdStats>, block_size: usize) -> String {
+    pub fn render(
+        &self,
+        stats: &RouterStats,
+        afd: Option<&AfdStats>,
+        clock: &ClockSnapshot,
+        block_size: usize,
+    ) -> String {
         self.gauge("vllm:num_requests_running", &[])
             .set(stats.running() as f64);
         self.gauge("vllm:num_requests_waiting", &[])
@@ -436,6 +463,20 @@ impl Metrics {
                     .absolute(*t);
             }
         }
+        if clock.modeled {
+            self.gauge("afd_clock_time_dilation", &[])
+                .set(clock.dilation);
+            self.gauge("afd_clock_dilation_settled", &[])
+                .set(if clock.settled { 1.0 } else { 0.0 });
+            self.counter("afd_clock_late_steps_total", &[])
+                .absolute(clock.late_steps);
+            self.counter("afd_clock_steps_total", &[])
+                .absolute(clock.steps);
+            self.gauge("afd_clock_required_dilation", &[])
+                .set(clock.required_dilation);
+            self.gauge("afd_clock_modeled_step_seconds", &[])
+                .set(clock.modeled_step_seconds);
+        }
         self.recorder.handle().render()
     }
 
@@ -470,7 +511,7 @@ mod tests {
         m.first_token(&t);
         m.inter_token(Duration::from_millis(20));
         m.finished(&t, FinishedReason::Length, now + Duration::from_millis(95));
-        let text = m.render(&RouterStats::default(), None, 16);
+        let text = m.render(&RouterStats::default(), None, &ClockSnapshot::default(), 16);
         assert!(
             text.contains(
                 "vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.04\"} 1"
@@ -498,7 +539,12 @@ mod tests {
             jetstream_bytes_per_layer: vec![7],
             expert_tokens_per_card: vec![3, 4],
         };
-        let text = m.render(&RouterStats::default(), Some(&afd), 16);
+        let text = m.render(
+            &RouterStats::default(),
+            Some(&afd),
+            &ClockSnapshot::default(),
+            16,
+        );
         assert!(
             text.contains("afd_card_modeled_seconds{model_name=\"tiny\",card=\"1\"} 0.25"),
             "{text}"
@@ -516,11 +562,11 @@ mod tests {
         let b = Metrics::new("b", 128);
         a.request_params(1, 16);
         assert!(
-            a.render(&RouterStats::default(), None, 16)
+            a.render(&RouterStats::default(), None, &ClockSnapshot::default(), 16)
                 .contains("vllm:request_params_n_count{model_name=\"a\"} 1")
         );
         assert!(
-            !b.render(&RouterStats::default(), None, 16)
+            !b.render(&RouterStats::default(), None, &ClockSnapshot::default(), 16)
                 .contains("model_name=\"a\"")
         );
     }

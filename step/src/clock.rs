@@ -103,39 +103,72 @@ impl Clock for VirtualClock {
     }
 }
 
-/// Modeled time live: `K` wall seconds make one modeled second, counted from the epoch.
-#[derive(Debug, Clone, Copy)]
+/// Modeled time live: `K` wall seconds make one modeled second. `K` may change
+/// ([`DilatedClock::set_dilation`]); the clock then goes on from where it was, at the new rate.
+#[derive(Debug)]
 pub struct DilatedClock {
-    epoch: Instant,
+    state: Mutex<Dilated>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Dilated {
+    /// The wall instant of the last change of `k`.
+    wall: Instant,
+    /// What the clock read then.
+    modeled: Instant,
     k: f64,
+}
+
+/// `k` when it is a dilation (finite, at least 1), else 1.
+fn valid(k: f64) -> f64 {
+    if k.is_finite() && k >= 1.0 { k } else { 1.0 }
 }
 
 impl DilatedClock {
     /// A clock starting now, `k` times slower than the wall (`k` >= 1 and finite, else 1).
     pub fn new(k: f64) -> Self {
+        let now = Instant::now();
         DilatedClock {
-            epoch: Instant::now(),
-            k: if k.is_finite() && k >= 1.0 { k } else { 1.0 },
+            state: Mutex::new(Dilated {
+                wall: now,
+                modeled: now,
+                k: valid(k),
+            }),
         }
     }
 
-    /// The wall instant at which this clock reads `modeled`.
+    fn state(&self) -> Dilated {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// From now on `k` wall seconds make a modeled second; the clock reads on from where it is.
+    pub fn set_dilation(&self, k: f64) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let wall = Instant::now();
+        let gone = wall.saturating_duration_since(s.wall).div_f64(s.k);
+        s.modeled += gone;
+        s.wall = wall;
+        s.k = valid(k);
+    }
+
+    /// The wall instant at which this clock reads `modeled` (at the current dilation).
     pub fn wall_at(&self, modeled: Instant) -> Instant {
-        let since = modeled.saturating_duration_since(self.epoch);
-        self.epoch + since.mul_f64(self.k)
+        let s = self.state();
+        s.wall + modeled.saturating_duration_since(s.modeled).mul_f64(s.k)
     }
 }
 
 impl Clock for DilatedClock {
     fn now(&self) -> Instant {
-        self.epoch
+        let s = self.state();
+        s.modeled
             + Instant::now()
-                .saturating_duration_since(self.epoch)
-                .div_f64(self.k)
+                .saturating_duration_since(s.wall)
+                .div_f64(s.k)
     }
 
     fn dilation(&self) -> f64 {
-        self.k
+        self.state().k
     }
 
     fn is_modeled(&self) -> bool {
@@ -216,6 +249,24 @@ mod tests {
         assert!(c.wall_at(later) >= c.wall_at(modeled) + Duration::from_millis(59));
         assert_eq!(c.dilation(), 20.0);
         assert_eq!(DilatedClock::new(0.5).dilation(), 1.0, "below 1 is refused");
+    }
+
+    #[test]
+    fn changing_the_dilation_keeps_the_clock_continuous() {
+        let c = DilatedClock::new(1.0);
+        std::thread::sleep(Duration::from_millis(10));
+        let before = c.now();
+        c.set_dilation(1000.0);
+        let after = c.now();
+        // Continuous: no jump at the change, and slow afterwards.
+        assert!(
+            after >= before && after - before < Duration::from_millis(2),
+            "{:?}",
+            after - before
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(c.now() - after < Duration::from_millis(1));
+        assert_eq!(c.dilation(), 1000.0);
     }
 
     #[test]

@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
+use loadtest::args::{OutputArgs, WorkloadArgs};
 use loadtest::compare::{Comparison, InputSpec, read_inputs, write_comparison};
 use loadtest::report::{format_result, format_sweep};
-use loadtest::{
-    BenchmarkConfig, EndpointKind, OutputOptions, PromptConfig, PromptSource, SloTarget, Sweep,
-};
+use loadtest::{BenchmarkConfig, EndpointKind};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum EndpointArg {
@@ -21,18 +20,6 @@ enum EndpointArg {
     Completions,
     /// POST /v1/chat/completions
     Chat,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum PromptSourceArg {
-    /// token ids for completions, random words for chat
-    Auto,
-    /// random token ids in [0, --vocab-size): exact prompt lengths (completions only)
-    TokenIds,
-    /// random common English words (about one token each)
-    Words,
-    /// the lines of --prompt-file
-    File,
 }
 
 /// Load-test an OpenAI-compatible server (afd, vLLM, ...) with vLLM `bench serve` metrics.
@@ -61,46 +48,8 @@ struct Cli {
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
 
-    /// Requests in the measured run.
-    #[arg(long, default_value_t = 100)]
-    num_prompts: usize,
-    /// Prompt length in tokens (words for text prompts).
-    #[arg(long, default_value_t = 1024)]
-    input_len: usize,
-    /// Output length in tokens (max_tokens); add --ignore-eos to get exactly this many.
-    #[arg(long, default_value_t = 128)]
-    output_len: usize,
-    /// Draw each length uniformly from [len*(1-r), len*(1+r)].
-    #[arg(long, default_value_t = 0.0)]
-    range_ratio: f64,
-    /// Where prompts come from.
-    #[arg(long, value_enum, default_value = "auto")]
-    prompt_source: PromptSourceArg,
-    /// A text file with one prompt per line (implies --prompt-source file).
-    #[arg(long)]
-    prompt_file: Option<PathBuf>,
-    /// Token ids are drawn from [0, vocab-size); keep it below the model's vocabulary.
-    #[arg(long, default_value_t = 1000)]
-    vocab_size: u32,
-    /// Send ignore_eos: true so every request generates exactly --output-len tokens.
-    #[arg(long)]
-    ignore_eos: bool,
-    /// Sampling temperature (default: the server's).
-    #[arg(long)]
-    temperature: Option<f64>,
-
-    /// Mean arrivals per second (Poisson; see --burstiness); inf sends all at once.
-    #[arg(long, default_value = "inf")]
-    request_rate: f64,
-    /// Gamma shape of arrival gaps: 1 = Poisson, <1 burstier, >1 smoother.
-    #[arg(long, default_value_t = 1.0)]
-    burstiness: f64,
-    /// At most this many requests in flight.
-    #[arg(long)]
-    max_concurrency: Option<usize>,
-    /// Run one benchmark per value: concurrency=1,2,4,8 or rate=1,2,4,inf.
-    #[arg(long)]
-    sweep: Option<Sweep>,
+    #[command(flatten)]
+    workload: WorkloadArgs,
     /// Warm-up requests before measuring (0 skips the reachability check too).
     #[arg(long, default_value_t = 1)]
     num_warmups: usize,
@@ -110,34 +59,9 @@ struct Cli {
     /// Limit on one request, seconds.
     #[arg(long, default_value_t = 21600.0)]
     request_timeout: f64,
-    /// Goodput SLOs in ms, e.g. --goodput ttft:200 tpot:50 (keys: ttft, tpot, e2el).
-    #[arg(long, num_args = 1..)]
-    goodput: Vec<SloTarget>,
-    /// Percentiles to report besides the median, comma-separated.
-    #[arg(long, default_value = "90,99", value_delimiter = ',')]
-    metric_percentiles: Vec<f64>,
-    /// Seed of prompts, lengths and arrival times.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
 
-    /// Label written to the result (default: the backend name, openai or openai-chat).
-    #[arg(long)]
-    label: Option<String>,
-    /// Folder for the JSON results and plots.
-    #[arg(long, default_value = "bench-results")]
-    result_dir: PathBuf,
-    /// File name of the JSON result of a single run (default: vLLM's naming scheme).
-    #[arg(long)]
-    result_filename: Option<String>,
-    /// Write no files; print the table only.
-    #[arg(long)]
-    no_save: bool,
-    /// Write the JSON but no plots.
-    #[arg(long)]
-    no_plots: bool,
-    /// No progress bar (also vLLM's --disable-tqdm).
-    #[arg(long, alias = "disable-tqdm")]
-    no_progress: bool,
+    #[command(flatten)]
+    output: OutputArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -180,27 +104,13 @@ fn run_compare(args: &CompareArgs) -> anyhow::Result<ExitCode> {
 
 impl Cli {
     fn config(&self) -> anyhow::Result<BenchmarkConfig> {
-        let source = match (self.prompt_source, &self.prompt_file) {
-            (PromptSourceArg::File | PromptSourceArg::Auto, Some(path)) => {
-                PromptSource::File(path.clone())
-            }
-            (PromptSourceArg::File, None) => {
-                anyhow::bail!("--prompt-source file needs --prompt-file PATH")
-            }
-            (_, Some(_)) => {
-                anyhow::bail!("--prompt-file goes with --prompt-source file (or leave it auto)")
-            }
-            (PromptSourceArg::Auto, None) => PromptSource::Auto,
-            (PromptSourceArg::TokenIds, None) => PromptSource::TokenIds,
-            (PromptSourceArg::Words, None) => PromptSource::RandomWords,
-        };
         let seconds = |name: &str, s: f64| -> anyhow::Result<Duration> {
             Duration::try_from_secs_f64(s)
                 .ok()
                 .filter(|d| !d.is_zero())
                 .with_context(|| format!("--{name} {s} must be a positive number of seconds"))
         };
-        Ok(BenchmarkConfig {
+        let mut config = BenchmarkConfig {
             base_url: self.base_url.trim_end_matches('/').to_string(),
             endpoint: match self.endpoint {
                 EndpointArg::Completions => EndpointKind::Completions,
@@ -208,39 +118,20 @@ impl Cli {
             },
             model: self.model.clone(),
             api_key: self.api_key.clone().filter(|k| !k.is_empty()),
-            num_prompts: self.num_prompts,
-            prompts: PromptConfig {
-                source,
-                input_len: self.input_len,
-                output_len: self.output_len,
-                range_ratio: self.range_ratio,
-                vocab_size: self.vocab_size,
-            },
-            ignore_eos: self.ignore_eos,
-            temperature: self.temperature,
-            request_rate: self.request_rate,
-            burstiness: self.burstiness,
-            max_concurrency: self.max_concurrency,
             num_warmups: self.num_warmups,
             max_duration: self
                 .max_duration
                 .map(|s| seconds("max-duration", s))
                 .transpose()?,
             request_timeout: seconds("request-timeout", self.request_timeout)?,
-            goodput: self.goodput.clone(),
-            percentiles: self.metric_percentiles.clone(),
-            seed: self.seed,
-            label: self.label.clone(),
-            show_progress: !self.no_progress,
-        })
-    }
-
-    fn output(&self) -> OutputOptions {
-        OutputOptions {
-            result_dir: self.result_dir.clone(),
-            result_filename: self.result_filename.clone(),
-            plots: !self.no_plots,
-        }
+            label: self.output.label.clone(),
+            show_progress: !self.output.no_progress,
+            ..BenchmarkConfig::default()
+        };
+        self.workload
+            .apply(&mut config)
+            .map_err(anyhow::Error::msg)?;
+        Ok(config)
     }
 }
 
@@ -263,7 +154,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     let config = cli.config()?;
     config.validate()?;
     let runtime = tokio::runtime::Runtime::new().context("could not start the async runtime")?;
-    match &cli.sweep {
+    match &cli.workload.sweep {
         None => {
             eprintln!(
                 "afd-loadtest: {} requests to {}{} ...",
@@ -273,8 +164,8 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             );
             let result = runtime.block_on(loadtest::run_benchmark(&config))?;
             print!("{}", format_result(&result));
-            if !cli.no_save {
-                for path in loadtest::save_result(&result, &cli.output())? {
+            if !cli.output.no_save {
+                for path in loadtest::save_result(&result, &cli.output.options())? {
                     eprintln!("wrote {}", path.display());
                 }
             }
@@ -301,8 +192,8 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 print!("{}", format_result(&point.result));
             }
             print!("{}", format_sweep(&result));
-            if !cli.no_save {
-                for path in loadtest::save_sweep(&result, &cli.output())? {
+            if !cli.output.no_save {
+                for path in loadtest::save_sweep(&result, &cli.output.options())? {
                     eprintln!("wrote {}", path.display());
                 }
             }

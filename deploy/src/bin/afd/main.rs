@@ -8,8 +8,10 @@ mod card;
 mod certs;
 mod cluster_args;
 mod compile;
+mod emulate;
 mod generate;
 mod k8s;
+mod overrides;
 mod plan;
 mod serve;
 mod synth;
@@ -39,6 +41,9 @@ enum Command {
     Certs(certs::CertsArgs),
     /// Compile each card's share for the Corsair card: placement, SRAM use, spills, modeled time, sanitizer verdict.
     Compile(compile::CompileArgs),
+    /// Load-test a deployment file on a modeled clock: TTFT, TPOT and throughput on the hardware
+    /// it names, with afd's scheduler and routing, in seconds and without that hardware.
+    Emulate(Box<emulate::EmulateArgs>),
     /// Generate from one prompt and print {prompt_ids, output_ids, text} as JSON.
     Generate(generate::GenerateArgs),
     /// Render Kubernetes manifests for a deployment file.
@@ -87,6 +92,7 @@ fn main() -> anyhow::Result<()> {
         Command::Card(args) => card::run(args),
         Command::Certs(args) => certs::run(args),
         Command::Compile(args) => compile::run(args),
+        Command::Emulate(args) => emulate::run(*args),
         Command::Generate(args) => generate::run(args),
         Command::K8s(args) => k8s::run(args),
         Command::Plan(args) => plan::run(args),

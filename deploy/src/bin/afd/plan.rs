@@ -4,9 +4,10 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use deploy::deployment::{Deployment, MicroBatchSetting};
+use deploy::deployment::Deployment;
 use deploy::plan::plan_deployment;
-use gpu_attention::MicroBatches;
+
+use crate::overrides::DeploymentOverrides;
 
 /// Plan a deployment file: per card SRAM needed against available (and spills), the attention
 /// device's memory, and predicted TPOT, decode step and throughput. Flags override the file.
@@ -17,33 +18,8 @@ pub struct PlanArgs {
     /// Print one JSON object instead of the report.
     #[arg(long)]
     json: bool,
-    /// Override `cards.count` (0: the attention device alone).
-    #[arg(long)]
-    cards: Option<usize>,
-    /// Override `attention.nodes`.
-    #[arg(long)]
-    attention_nodes: Option<usize>,
-    /// Override `attention.profile` (h100, h200 or a profile file).
-    #[arg(long)]
-    profile: Option<String>,
-    /// Override `attention.max_num_seqs`.
-    #[arg(long)]
-    max_num_seqs: Option<usize>,
-    /// Override `attention.max_model_len`.
-    #[arg(long)]
-    max_model_len: Option<usize>,
-    /// Override `model.format` (as-stored, bf16, mxfp4, mxint8).
-    #[arg(long)]
-    format: Option<corsair_ffn::FormatChoice>,
-    /// Override `cards.allow_spill`.
-    #[arg(long)]
-    allow_spill: Option<bool>,
-    /// Override `cards.replicate_experts` (auto, true or false).
-    #[arg(long)]
-    replicate_experts: Option<planner::ReplicateExperts>,
-    /// Override `overlap.micro_batches` (1, 2 or auto).
-    #[arg(long)]
-    micro_batches: Option<MicroBatches>,
+    #[command(flatten)]
+    overrides: DeploymentOverrides,
     /// Override `workload.batch` (sequences over all nodes).
     #[arg(long)]
     batch: Option<usize>,
@@ -57,33 +33,15 @@ pub struct PlanArgs {
 
 impl PlanArgs {
     fn apply(&self, d: &mut Deployment) {
+        self.overrides.apply(d);
         let set = |slot: &mut usize, v: Option<usize>| {
             if let Some(v) = v {
                 *slot = v;
             }
         };
-        set(&mut d.cards.count, self.cards);
-        set(&mut d.attention.nodes, self.attention_nodes);
-        set(&mut d.attention.max_num_seqs, self.max_num_seqs);
-        set(&mut d.attention.max_model_len, self.max_model_len);
         set(&mut d.workload.batch, self.batch);
         set(&mut d.workload.input_len, self.input_len);
         set(&mut d.workload.output_len, self.output_len);
-        if let Some(profile) = &self.profile {
-            d.attention.profile = profile.clone();
-        }
-        if let Some(f) = self.format {
-            d.model.format = f;
-        }
-        if let Some(s) = self.allow_spill {
-            d.cards.allow_spill = s;
-        }
-        if let Some(r) = self.replicate_experts {
-            d.cards.replicate_experts = r;
-        }
-        if let Some(m) = self.micro_batches {
-            d.overlap.micro_batches = MicroBatchSetting(m);
-        }
     }
 }
 

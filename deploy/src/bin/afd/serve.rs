@@ -15,7 +15,7 @@ use corsair_ffn::service::CardHost;
 use deploy::cluster::{ClusterConfig, EmbeddedCluster, StartEvent};
 use deploy::shutdown::StopSignals;
 use indicatif::{ProgressBar, ProgressStyle};
-use router::{AfdStats, AfdStatsSource, Router, RouterConfig, SchedulerConfig};
+use router::{AfdStats, AfdStatsSource, Dilation, Router, RouterConfig, SchedulerConfig, Timing};
 use server::{Server, ServerConfig};
 use step::AttentionNode;
 
@@ -83,8 +83,38 @@ pub struct ServeArgs {
     /// signal ends it at once. Deployment-file key: `server.shutdown_timeout`.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
+    /// What serving's times are: wall (the host's own speed) or modeled (each step takes
+    /// what the deployment's hardware would take, per the planner's step model and the
+    /// routing the step made, stretched --time-dilation times; docs/EMULATION.md).
+    #[arg(long, default_value = "wall")]
+    clock: ClockKind,
+    /// With --clock modeled: wall seconds per modeled second (at least 1), or auto to measure
+    /// it from the first steps. Responses carry it (x-afd-time-dilation), /metrics too.
+    #[arg(long, default_value = "auto")]
+    time_dilation: Dilation,
+    /// With --clock modeled: the attention device the steps are modeled on (h100, h200 or a
+    /// profile file; deployment-file key `attention.profile`).
+    #[arg(long, default_value = "h100")]
+    attention_profile: String,
+    /// Count every step's routing (per layer and expert, per window of steps) into FILE, for
+    /// `afd emulate --routing trace:FILE` (docs/EMULATION.md); written every 30 s and when the
+    /// server stops.
+    #[arg(long)]
+    record_routing: Option<PathBuf>,
+    /// Steps per window of --record-routing.
+    #[arg(long, default_value_t = 256)]
+    record_window: u64,
     #[command(flatten)]
     cluster: ClusterArgs,
+}
+
+/// `--clock`: the wall's, or modeled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClockKind {
+    /// The host's own speed.
+    Wall,
+    /// The deployment's modeled hardware, dilated.
+    Modeled,
 }
 
 /// The bundled model: `models/afd-tiny-gpt-oss` under the current directory, else under the
@@ -345,7 +375,71 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         max_waiting: args.max_waiting,
     };
-    let router = Router::start(router_config, nodes).context("starting the router")?;
+    let (nodes, recorder) = match &args.record_routing {
+        Some(path) if !frontend_only => {
+            let m = model_config.moe.with_context(|| {
+                format!(
+                    "--record-routing {}: {} has no experts to route to",
+                    path.display(),
+                    model_dir.display()
+                )
+            })?;
+            let moe = model_config.moe_layers();
+            let recorder = Arc::new(std::sync::Mutex::new(emulate::RoutingRecorder::new(
+                &moe,
+                m.num_experts,
+                m.top_k,
+                args.record_window,
+            )));
+            let nodes = nodes
+                .into_iter()
+                .map(|n| {
+                    Box::new(emulate::record::RecordingNode::new(
+                        n,
+                        Arc::clone(&recorder),
+                    )) as Box<dyn AttentionNode>
+                })
+                .collect();
+            (nodes, Some(RoutingFile::start(path.clone(), recorder)))
+        }
+        Some(_) => bail!(
+            "--record-routing needs the attention nodes in this process; it does not work with \
+             --attention-addrs"
+        ),
+        None => (nodes, None),
+    };
+    let timing = match args.clock {
+        ClockKind::Wall => Timing::default(),
+        ClockKind::Modeled => {
+            if frontend_only {
+                bail!(
+                    "--clock modeled needs the attention nodes in this process (their routing \
+                     times each step); it does not work with --attention-addrs"
+                );
+            }
+            let model = modeled_steps(&args, &model_dir, &cluster, max_model_len)?;
+            let timers = (0..nodes.len())
+                .map(|_| {
+                    Box::new(emulate::ModeledTimer {
+                        model: Arc::clone(&model),
+                    }) as Box<dyn step::StepTimer>
+                })
+                .collect();
+            eprintln!(
+                "afd serve: modeled clock: steps timed on {} + {} x {} over {}, dilated {}",
+                model.profiles().device.name,
+                cluster.cards,
+                model.profiles().card.name,
+                model.profiles().network.name,
+                match args.time_dilation {
+                    Dilation::Fixed(k) => format!("{k} times"),
+                    Dilation::Auto => "by a factor measured on the first steps".into(),
+                }
+            );
+            Timing::modeled(timers, args.time_dilation)
+        }
+    };
+    let router = Router::start_with(router_config, nodes, timing).context("starting the router")?;
     let afd_stats: Option<Arc<dyn AfdStatsSource>> = match &deployment {
         Deployment::Embedded(c) => Some(Arc::new(ClusterStats {
             cards: c.cards.clone(),
@@ -430,7 +524,120 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     drop(state);
     drop(runtime);
     drop(deployment);
+    if let Some(file) = recorder {
+        file.finish()?;
+    }
     Ok(())
+}
+
+/// `--record-routing`: the counts written to their file now and then, and at the end.
+struct RoutingFile {
+    path: PathBuf,
+    recorder: Arc<std::sync::Mutex<emulate::RoutingRecorder>>,
+    stop: std::sync::mpsc::Sender<()>,
+    writer: std::thread::JoinHandle<()>,
+}
+
+/// How often `--record-routing` rewrites its file while serving.
+const ROUTING_FILE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl RoutingFile {
+    fn start(path: PathBuf, recorder: Arc<std::sync::Mutex<emulate::RoutingRecorder>>) -> Self {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (p, r) = (path.clone(), Arc::clone(&recorder));
+        let writer = std::thread::spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(ROUTING_FILE_EVERY)
+            {
+                let counts = r.lock().unwrap_or_else(|e| e.into_inner()).counts().clone();
+                if let Err(e) = counts.write(&p) {
+                    tracing::warn!("--record-routing: {e}");
+                }
+            }
+        });
+        RoutingFile {
+            path,
+            recorder,
+            stop,
+            writer,
+        }
+    }
+
+    /// Stops the periodic writer and writes the final counts.
+    fn finish(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(());
+        let _ = self.writer.join();
+        let counts = self
+            .recorder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .counts()
+            .clone();
+        counts.write(&self.path)?;
+        let steps: u64 = counts.windows.iter().map(|w| w.steps).sum();
+        eprintln!(
+            "afd serve: wrote {} (the routing of {steps} steps)",
+            self.path.display()
+        );
+        Ok(())
+    }
+}
+
+/// The step model of what `afd serve` runs, on the modeled hardware: the planner's target made
+/// of the serving flags, with the attention device of `--attention-profile`, Corsair cards and
+/// JetStream.
+fn modeled_steps(
+    args: &ServeArgs,
+    model_dir: &Path,
+    cluster: &ClusterConfig,
+    max_model_len: usize,
+) -> anyhow::Result<Arc<emulate::StepModel>> {
+    let path = model_dir.join("config.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let config = model::ModelConfig::from_json(&text, &path)?;
+    let stored = corsair_ffn::compiler::StoredFormats::from_config_json(&text, &config)
+        .with_context(|| format!("reading the weight formats of {}", path.display()))?;
+    let node = &args.cluster.node;
+    let target = planner::Target {
+        source: "afd serve".into(),
+        model_name: model_dir.display().to_string(),
+        attention: planner::AttentionTarget {
+            nodes: cluster.attention_nodes,
+            max_num_seqs: args.max_num_seqs,
+            max_model_len,
+            kv_cache_memory_mib: None,
+            max_num_batched_tokens: node.max_num_batched_tokens,
+            wire_bytes: node.wire_dtype.size(),
+        },
+        cards: planner::CardsTarget {
+            count: if args.reference { 0 } else { cluster.cards },
+            format: node.format,
+            allow_spill: node.allow_spill,
+            replicas: Vec::new(),
+            replicate_experts: node.replicate_experts,
+        },
+        micro_batches: node.micro_batches,
+        workload: planner::PlannedWorkload {
+            batch: 1,
+            input_len: 1,
+            output_len: 0,
+        },
+    };
+    let profiles = planner::Profiles {
+        device: planner::load_profile(
+            &args.attention_profile,
+            "--attention-profile",
+            planner::DeviceProfile::builtin,
+            planner::DeviceProfile::from_toml,
+        )?,
+        card: corsair_ffn::HardwareProfile::default(),
+        network: planner::NetworkProfile::builtin("jetstream")
+            .context("the built-in JetStream profile is missing")??,
+    };
+    Ok(Arc::new(emulate::StepModel::new(
+        &target, config, &stored, profiles,
+    )?))
 }
 
 /// How long the engines may take to finish the step they are in once the server has drained.
