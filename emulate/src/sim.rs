@@ -242,7 +242,7 @@ pub fn run(
             slot_queue.push_back(order[next_arrival]);
             next_arrival += 1;
         }
-        // 4. Send what the concurrency cap lets through: admit, place, queue on the node.
+        // 3. Send what the concurrency cap lets through: admit, place, queue on the node.
         while let Some(&i) = slot_queue.front() {
             if settings.max_concurrency.is_some_and(|c| in_flight >= c) {
                 break;
@@ -302,7 +302,7 @@ pub fn run(
             &mut on_request_done,
         );
 
-        // 5. Idle nodes with work start a step now.
+        // 4. Idle nodes with work start a step now.
         let mut started = Vec::new();
         for (n, s) in states.iter_mut().enumerate() {
             if s.busy.is_some() || !s.scheduler.has_work() {
@@ -384,7 +384,7 @@ pub fn run(
             states[n].busy = Some(InFlight { ends, out, result });
         }
 
-        // 6. The next event: a step's end, an arrival, or a fault.
+        // 5. The next event: a step's end, an arrival, or a fault.
         let next_end = states
             .iter()
             .filter_map(|s| s.busy.as_ref().map(|b| b.ends))
