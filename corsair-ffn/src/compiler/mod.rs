@@ -22,7 +22,8 @@ use crate::error::{Error, Result};
 use crate::format::{FormatChoice, TileFormat};
 use crate::profile::HardwareProfile;
 use crate::program::{
-    ActivationSpec, LayerKind, LayerProgram, LmHeadProgram, MemoryKind, Program, RegionKind,
+    ActivationSpec, LayerKind, LayerProgram, LmHeadProgram, MatrixRole, MemoryKind, Program,
+    RegionKind,
 };
 use crate::report::{MemoryUse, human_bytes};
 use crate::sanitizer::{self, SanitizerReport};
@@ -166,9 +167,16 @@ pub fn compile(
             &streamed,
         );
         for m in &mut program.matrices {
-            m.activations = options
-                .activations
-                .numerics(m.format.block_format(), m.cols);
+            // The numerics of a product are the whole matrix's, not of this card's columns
+            // of it: a dense layer's down projection split across cards rounds its inputs as
+            // the whole one does (as the reference does), whatever the card count.
+            let cols = match m.role {
+                MatrixRole::Down { expert: None, .. } => {
+                    config.dense_intermediate_size.unwrap_or(m.cols)
+                }
+                _ => m.cols,
+            };
+            m.activations = options.activations.numerics(m.format.block_format(), cols);
         }
         memory::derive_lifetimes(&mut program);
         program.pool_bytes = memory::allocate_pool(&mut program);
