@@ -37,6 +37,8 @@ fn node(
     let mut config = ClusterConfig::new(dir, cards);
     config.transport = TransportKind::Inproc;
     config.node.kv.memory_bytes = 8 << 20;
+    // One copy of each expert, whatever the host's memory (`auto` would decide by it).
+    config.replicate_experts = planner::ReplicateExperts::Never;
     config.activation_dtype = activations;
     let mut c = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
     let node = c.take_nodes().remove(0);

@@ -23,6 +23,8 @@ fn node(dir: &Path, cards: usize, device: AttentionDevice) -> (EmbeddedCluster, 
     config.transport = TransportKind::Inproc;
     config.node.device = device;
     config.node.kv.memory_bytes = 8 << 20;
+    // One copy of each expert, whatever the host's memory (`auto` would decide by it).
+    config.replicate_experts = planner::ReplicateExperts::Never;
     let mut cluster = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
     let node = cluster.take_nodes().remove(0);
     assert_eq!(node.device(), device);

@@ -508,10 +508,10 @@ print("openai client ok:", "".join(pieces))
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        _ => eprintln!(
-            "SKIPPED the openai client part: `{python} -c 'import openai'` failed; install it \
-             with `pip install openai` (or set AFD_PYTHON)"
-        ),
+        _ => test_skips::skipped(&format!(
+            "the openai client part: `{python} -c 'import openai'` failed; install it with \
+             `pip install openai` (or set AFD_PYTHON)"
+        )),
     }
 
     // Stopped, the server writes the routing of every step it served.

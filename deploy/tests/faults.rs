@@ -187,7 +187,6 @@ fn fail_and_recover(c: &mut Cluster, kill: bool) {
     );
     std::thread::sleep(Duration::from_millis(500));
     let back_at = load.started.elapsed();
-    let restarted = Instant::now();
     if kill {
         c.restart_card(1);
     } else {
@@ -215,9 +214,10 @@ fn fail_and_recover(c: &mut Cluster, kill: bool) {
         first_ok_after,
         answers.len()
     );
-    // Far below the 60 s reply timeout: the node knew the card was gone.
-    assert!(failed_fast < Duration::from_secs(20), "{failed_fast:?}");
-    assert!(restarted.elapsed() < Duration::from_secs(60));
+    // The heartbeats, not the 60 s reply timeout, told the node the card was gone: they
+    // notice within MISSES_TO_DOWN x (interval + timeout), 1.2 s with the defaults (a killed
+    // card at once); 5 s leaves a loaded machine room. (`wait_health` bounded the rejoin.)
+    assert!(failed_fast < Duration::from_secs(5), "{failed_fast:?}");
     // Served again, with the fault-free tokens, and nothing else was restarted.
     assert_eq!(baseline(c), expected);
     assert!(c.node_and_frontend_alive(), "{}", c.logs());

@@ -7,15 +7,19 @@ use deploy::cluster::{ClusterConfig, EmbeddedCluster, TransportKind};
 use gpu_attention::driver;
 use model::generate::GenerationRequest;
 use model::sampling::SamplingParams;
+use planner::ReplicateExperts;
 
 mod common;
 
 use common::{expected, fixtures, greedy_requests};
 
+/// One copy of every expert unless a test asks for more: left at `auto`, the placement would
+/// depend on the memory of the host the tests run on (see `planner::replication`).
 fn config(dir: &Path, cards: usize, transport: TransportKind) -> ClusterConfig {
     let mut config = ClusterConfig::new(dir, cards);
     config.transport = transport;
     config.node.kv.memory_bytes = 8 << 20;
+    config.replicate_experts = ReplicateExperts::Never;
     config
 }
 
@@ -29,20 +33,34 @@ fn fixture(name: &str) -> std::path::PathBuf {
 }
 
 #[test]
-fn greedy_tokens_match_transformers_for_every_fixture_card_count_and_transport() {
+fn greedy_tokens_match_transformers_for_every_fixture_card_count_transport_and_placement() {
     for dir in fixtures() {
         let cases = expected(&dir);
         let requests = greedy_requests(&cases);
-        for transport in [TransportKind::Inproc, TransportKind::Quic] {
-            for cards in 1..=4 {
-                let mut c = cluster(&dir, cards, transport);
+        // Both placements in process (one copy of each expert, and a copy of every expert on
+        // a second card); QUIC with one copy.
+        let runs = [
+            (TransportKind::Inproc, ReplicateExperts::Never),
+            (TransportKind::Inproc, ReplicateExperts::Always),
+            (TransportKind::Quic, ReplicateExperts::Never),
+        ];
+        for (transport, placement) in runs {
+            let first = if placement == ReplicateExperts::Always {
+                2
+            } else {
+                1
+            };
+            for cards in first..=4 {
+                let mut config = config(&dir, cards, transport);
+                config.replicate_experts = placement;
+                let mut c = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
                 let mut node = c.take_nodes().remove(0);
                 let got = driver::generate(&mut node, &requests, 0).unwrap();
                 for (i, (g, (_, want))) in got.iter().zip(&cases).enumerate() {
                     assert_eq!(
                         &g.output_ids,
                         want,
-                        "{} prompt {i}, {cards} cards, {transport:?}",
+                        "{} prompt {i}, {cards} cards, {transport:?}, replicate {placement:?}",
                         dir.display()
                     );
                 }
@@ -58,18 +76,18 @@ fn generate(
     max_tokens: usize,
     sampling: SamplingParams,
 ) -> Vec<Vec<u32>> {
-    generate_counting_fallbacks(dir, cards, prompts, max_tokens, sampling).0
+    generate_with_stats(dir, cards, prompts, max_tokens, sampling).0
 }
 
-/// [`generate`], and how many rows the node had to sample from full logits because the cards'
-/// proposals could not decide them.
-fn generate_counting_fallbacks(
+/// [`generate`], and the node's counters (steps, tokens, rows sampled from full logits because
+/// the cards' proposals could not decide them).
+fn generate_with_stats(
     dir: &Path,
     cards: usize,
     prompts: &[Vec<u32>],
     max_tokens: usize,
     sampling: SamplingParams,
-) -> (Vec<Vec<u32>>, u64) {
+) -> (Vec<Vec<u32>>, gpu_attention::node::NodeStats) {
     let mut c = cluster(dir, cards, TransportKind::Inproc);
     let mut node = c.take_nodes().remove(0);
     let requests: Vec<GenerationRequest> = prompts
@@ -86,7 +104,7 @@ fn generate_counting_fallbacks(
         .into_iter()
         .map(|g| g.output_ids)
         .collect();
-    (tokens, node.stats().full_logits_rows)
+    (tokens, node.stats())
 }
 
 fn eight_prompts() -> Vec<Vec<u32>> {
@@ -99,7 +117,13 @@ fn eight_prompts() -> Vec<Vec<u32>> {
 fn a_sequence_gets_the_same_tokens_alone_and_in_a_batch_of_eight() {
     let dir = fixture("gpt-oss-bf16");
     let prompts = eight_prompts();
-    let batched = generate(&dir, 3, &prompts, 10, SamplingParams::greedy());
+    let (batched, stats) = generate_with_stats(&dir, 3, &prompts, 10, SamplingParams::greedy());
+    // The eight really went together: one prompt step and nine decode steps of all eight.
+    assert!(stats.steps <= 11, "{stats:?}");
+    assert!(
+        stats.tokens >= 8 * stats.steps.saturating_sub(2),
+        "{stats:?}"
+    );
     for i in [0, 3, 7] {
         let alone = generate(
             &dir,
@@ -120,7 +144,7 @@ fn with_every_expert_copied_a_top2_token_rounds_the_same_alone_and_in_a_batch() 
     let dir = fixture("mixtral");
     let run = |prompts: &[Vec<u32>]| {
         let mut config = config(&dir, 2, TransportKind::Inproc);
-        config.replicate_experts = planner::ReplicateExperts::Always;
+        config.replicate_experts = ReplicateExperts::Always;
         let mut c = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
         let mut node = c.take_nodes().remove(0);
         let requests: Vec<GenerationRequest> = prompts
@@ -132,12 +156,25 @@ fn with_every_expert_copied_a_top2_token_rounds_the_same_alone_and_in_a_batch() 
                 stop_token_ids: vec![],
             })
             .collect();
-        driver::generate(&mut node, &requests, 0).unwrap()
+        let out = driver::generate(&mut node, &requests, 0).unwrap();
+        // Tokens each card computed of each (layer, expert).
+        let per_card: Vec<Vec<u64>> = c
+            .card_stats()
+            .into_iter()
+            .map(|s| s.expert_tokens)
+            .collect();
+        (out, per_card)
     };
     let prompts = eight_prompts();
-    let batched = run(&prompts);
+    let (batched, per_card) = run(&prompts);
+    // Which card computes which expert did depend on the batch: some expert of some layer was
+    // computed by both cards over the run's steps.
+    let both = (0..per_card[0].len())
+        .filter(|&i| per_card[0][i] > 0 && per_card[1][i] > 0)
+        .count();
+    assert!(both > 0, "every expert stayed on one card: {per_card:?}");
     for i in [0, 5] {
-        let alone = run(std::slice::from_ref(&prompts[i])).remove(0);
+        let alone = run(std::slice::from_ref(&prompts[i])).0.remove(0);
         assert_eq!(alone.output_ids, batched[i].output_ids, "sequence {i}");
         let bits = |g: &model::generate::Generation| -> Vec<u32> {
             g.logprobs.iter().map(|l| l.to_bits()).collect()
@@ -168,14 +205,14 @@ fn seeded_sampling_gives_the_same_tokens_for_every_card_count() {
         for sampling in [top_k, nucleus] {
             let one = generate(&dir, 1, &prompts, 8, sampling);
             for cards in [2, 3, 4] {
-                let (tokens, fallbacks) =
-                    generate_counting_fallbacks(&dir, cards, &prompts, 8, sampling);
+                let (tokens, stats) = generate_with_stats(&dir, cards, &prompts, 8, sampling);
                 assert_eq!(tokens, one, "{name}: {cards} cards");
-                // The cards send what filtered sampling needs (their scaled log-sum-exp), so
-                // most of the 64 rows are decided from their proposals.
-                assert!(
-                    fallbacks < 32,
-                    "{name}: {cards} cards, {fallbacks} rows from full logits"
+                // The cards send what filtered sampling needs (their scaled log-sum-exp), and
+                // their candidates cover these fixtures' nuclei: every one of the 64 rows is
+                // decided from the proposals, none from the full logits.
+                assert_eq!(
+                    stats.full_logits_rows, 0,
+                    "{name}: {cards} cards, rows sampled from full logits"
                 );
             }
             // The same as the reference's sampler.
@@ -267,31 +304,57 @@ fn a_traced_run_lays_every_card_message_beside_the_node_spans() {
 #[test]
 fn the_card_workers_run_as_batch_work() {
     let dir = fixture("gpt-oss-bf16");
-    let mut c = cluster(&dir, 2, TransportKind::Quic);
+    let mut config = config(&dir, 2, TransportKind::Quic);
+    // Two executor threads a card: the pool's threads set their policy too.
+    config.card_threads = 2;
+    let mut c = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
     let mut node = c.take_nodes().remove(0);
     let request = short_greedy_request(2);
     // Every worker has computed a message by now, so each has set up its thread.
     driver::generate(&mut node, std::slice::from_ref(&request), 0).unwrap();
-    // Other tests' clusters may run in this process too: their workers count alike, and
-    // one that ended meanwhile is skipped.
-    let policies: Vec<(String, i32)> = std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| {
-            let task = task.ok()?;
-            let name = std::fs::read_to_string(task.path().join("comm")).ok()?;
-            let name = name.trim();
-            if !(name.starts_with("card-") && name.ends_with("-worker")) {
-                return None;
-            }
-            let tid: i32 = task.file_name().to_str()?.parse().ok()?;
-            // SAFETY: reads the policy of a thread of this process; -1 if it has ended.
-            let policy = unsafe { libc::sched_getscheduler(tid) };
-            (policy >= 0).then(|| (name.to_string(), policy))
-        })
-        .collect();
+    // Other tests' clusters may run in this process too: their threads count alike, one that
+    // ended meanwhile is skipped, and one just started may be named before it has set its
+    // policy, so a thread under another policy is looked at again until it settles.
+    let card_threads = || -> Vec<(String, i32)> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| {
+                let task = task.ok()?;
+                let name = std::fs::read_to_string(task.path().join("comm")).ok()?;
+                let name = name.trim();
+                let worker = name.starts_with("card-") && name.ends_with("-worker");
+                if !(worker || name.starts_with("corsair-exec-")) {
+                    return None;
+                }
+                let tid: i32 = task.file_name().to_str()?.parse().ok()?;
+                // SAFETY: reads the policy of a thread of this process; -1 if it has ended.
+                let policy = unsafe { libc::sched_getscheduler(tid) };
+                (policy >= 0).then(|| (name.to_string(), policy))
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let policies = loop {
+        let policies = card_threads();
+        let settled = policies.iter().all(|(_, p)| *p == libc::SCHED_BATCH);
+        if settled || std::time::Instant::now() > deadline {
+            break policies;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let count = |prefix: &str| {
+        policies
+            .iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .count()
+    };
     assert!(
-        policies.len() >= 2,
+        count("card-") >= 2,
         "this cluster's two workers: {policies:?}"
+    );
+    assert!(
+        count("corsair-exec-") >= 4,
+        "this cluster's two executor pools of two: {policies:?}"
     );
     for (name, policy) in &policies {
         assert_eq!(*policy, libc::SCHED_BATCH, "{name} is not batch work");

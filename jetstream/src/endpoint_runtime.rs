@@ -67,6 +67,29 @@ impl IdleState {
     }
 }
 
+/// A thread inside [`EndpointRuntime::block_on`]: counted from its arrival until it leaves,
+/// by returning or by unwinding (a caller whose future panicked and stayed counted would keep
+/// the idle driver away for good, and nobody would answer the peer again).
+struct Caller<'a>(&'a IdleState);
+
+impl<'a> Caller<'a> {
+    fn arrive(idle: &'a IdleState) -> Self {
+        idle.callers.fetch_add(1, Ordering::SeqCst);
+        if idle.driving.load(Ordering::SeqCst) {
+            // A stored permit wakes the driver even if it is not waiting yet.
+            idle.give_back.notify_one();
+        }
+        Caller(idle)
+    }
+}
+
+impl Drop for Caller<'_> {
+    fn drop(&mut self) {
+        self.0.last_left.store(self.0.now(), Ordering::Relaxed);
+        self.0.callers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl EndpointRuntime {
     /// How long the runtime must be left alone before the idle driver takes it over. Below
     /// QUIC's loss-probe timer (which includes the peer's 25 ms maximum acknowledgment delay)
@@ -115,17 +138,8 @@ impl EndpointRuntime {
     /// sockets, timers and receive tasks) while it waits. Several threads may call it at once;
     /// one of them drives at a time. Call it from plain threads only, never from an async task.
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
-        self.idle.callers.fetch_add(1, Ordering::SeqCst);
-        if self.idle.driving.load(Ordering::SeqCst) {
-            // A stored permit wakes the driver even if it is not waiting yet.
-            self.idle.give_back.notify_one();
-        }
-        let output = self.runtime().block_on(future);
-        self.idle
-            .last_left
-            .store(self.idle.now(), Ordering::Relaxed);
-        self.idle.callers.fetch_sub(1, Ordering::SeqCst);
-        output
+        let _caller = Caller::arrive(&self.idle);
+        self.runtime().block_on(future)
     }
 
     /// [`Self::block_on`], then lets the tasks the future woke run once before returning: a
@@ -213,21 +227,50 @@ mod tests {
     #[test]
     fn callers_take_the_runtime_back_from_the_idle_driver() {
         let runtime = EndpointRuntime::new("test-back").expect("runtime");
+        let mut taken_over = 0;
         for round in 0..20u64 {
             // Long enough for the idle driver to take over between calls.
-            std::thread::sleep(EndpointRuntime::IDLE_AFTER + Duration::from_millis(5));
+            std::thread::sleep(EndpointRuntime::IDLE_AFTER * 2);
+            taken_over += u32::from(runtime.idle.driving.load(Ordering::SeqCst));
             let started = Instant::now();
-            let value = runtime.block_on(async move {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                round
+            let idle = &runtime.idle;
+            let (value, handed_back) = runtime.block_on(async move {
+                // The caller's arrival asks for the runtime back: wait until the driver let go.
+                while idle.driving.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                (round, started.elapsed())
             });
             assert_eq!(value, round);
+            // Designed to be at once; ten idle periods leave room for a loaded machine's
+            // scheduler, not for a driver that waits out a period or a timer of its own.
             assert!(
-                started.elapsed() < Duration::from_secs(2),
-                "the idle driver held the runtime for {:?}",
-                started.elapsed()
+                handed_back < EndpointRuntime::IDLE_AFTER * 10,
+                "the idle driver held the runtime for {handed_back:?} after a caller came"
             );
         }
+        // The case under test happened: the driver had the runtime when most calls came.
+        assert!(
+            taken_over >= 10,
+            "the idle driver took over {taken_over} times of 20"
+        );
+    }
+
+    #[test]
+    fn a_caller_whose_future_panics_leaves_the_runtime_to_the_idle_driver() {
+        let runtime = EndpointRuntime::new("test-panic").expect("runtime");
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            runtime.block_on(async { panic!("a future that panics inside block_on") })
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(runtime.idle.callers.load(Ordering::SeqCst), 0);
+        // Nobody calls now: the idle driver must take over and run the endpoint's tasks.
+        let (tx, rx) = std::sync::mpsc::channel();
+        runtime.handle().spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let _ = tx.send(7);
+        });
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(7));
     }
 
     #[test]

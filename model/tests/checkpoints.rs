@@ -161,7 +161,7 @@ fn batched_decode_on_two_threads_gives_the_bits_of_each_sequence_alone() {
     for family in [Family::GptOss, Family::Mixtral, Family::Qwen3Moe] {
         let dir = tempfile::tempdir().unwrap();
         synth(dir.path(), family, None);
-        let decode = |seqs: &[usize], steps: usize| -> Vec<Vec<Vec<f32>>> {
+        let decode = |seqs: &[usize], steps: usize| -> (Vec<Vec<Vec<f32>>>, (u64, u64)) {
             let mut m = ReferenceModel::new(ModelWeights::load(dir.path()).unwrap()).unwrap();
             let chunk = |i: usize, tokens: Vec<u32>| SeqChunk {
                 seq: i as u64,
@@ -172,7 +172,7 @@ fn batched_decode_on_two_threads_gives_the_bits_of_each_sequence_alone() {
                 .map(|&i| chunk(i, prompts()[i].clone()))
                 .collect();
             m.forward(&prompts, LogitsFor::LastToken).unwrap();
-            (0..steps)
+            let logits = (0..steps)
                 .map(|s| {
                     let step: Vec<SeqChunk> = seqs
                         .iter()
@@ -180,11 +180,22 @@ fn batched_decode_on_two_threads_gives_the_bits_of_each_sequence_alone() {
                         .collect();
                     m.forward(&step, LogitsFor::LastToken).unwrap()
                 })
-                .collect()
+                .collect();
+            (logits, m.attention_paths())
         };
-        let together = two.install(|| decode(&[0, 1, 2], 3));
+        let (together, (side_by_side, _)) = two.install(|| decode(&[0, 1, 2], 3));
+        // Every layer of every decode step ran its sequences side by side.
+        let layers = ModelWeights::load(dir.path()).unwrap().config.num_layers() as u64;
+        assert!(
+            side_by_side >= 3 * layers,
+            "{family}: {side_by_side} side-by-side batches"
+        );
         for i in 0..3 {
-            let alone = one.install(|| decode(&[i], 3));
+            let (alone, (alone_side, _)) = one.install(|| decode(&[i], 3));
+            assert_eq!(
+                alone_side, 0,
+                "{family}: one sequence on one thread is never split"
+            );
             for (s, (a, t)) in alone.iter().zip(&together).enumerate() {
                 assert_eq!(a[0], t[i], "{family}: sequence {i}, step {s}");
             }
@@ -203,7 +214,7 @@ fn long_sequences_split_by_heads_over_two_threads_give_the_one_thread_bits() {
         let dir = tempfile::tempdir().unwrap();
         synth(dir.path(), family, None);
         for seqs in [3u32, 1] {
-            let decode = || -> Vec<Vec<f32>> {
+            let decode = || -> (Vec<Vec<f32>>, u64) {
                 let mut m = ReferenceModel::new(ModelWeights::load(dir.path()).unwrap()).unwrap();
                 let prompts: Vec<SeqChunk> = (0..seqs)
                     .map(|q| SeqChunk {
@@ -212,7 +223,7 @@ fn long_sequences_split_by_heads_over_two_threads_give_the_one_thread_bits() {
                     })
                     .collect();
                 m.forward(&prompts, LogitsFor::LastToken).unwrap();
-                (0..3u32)
+                let logits = (0..3u32)
                     .flat_map(|s| {
                         let step: Vec<SeqChunk> = (0..seqs)
                             .map(|q| SeqChunk {
@@ -222,10 +233,16 @@ fn long_sequences_split_by_heads_over_two_threads_give_the_one_thread_bits() {
                             .collect();
                         m.forward(&step, LogitsFor::LastToken).unwrap()
                     })
-                    .collect()
+                    .collect();
+                (logits, m.attention_paths().1)
             };
-            let alone = one.install(decode);
-            let split = two.install(decode);
+            let (alone, alone_splits) = one.install(decode);
+            let (split, splits) = two.install(decode);
+            assert_eq!(alone_splits, 0, "{family}: one thread never splits heads");
+            assert!(
+                splits >= 3,
+                "{family}, {seqs} sequences: heads split {splits} times"
+            );
             assert_eq!(alone.len(), 3 * seqs as usize);
             assert!(alone.iter().flatten().all(|v| v.is_finite()));
             assert_eq!(

@@ -24,10 +24,10 @@ async fn the_openai_python_client_works_against_the_server() {
     match probe {
         Ok(s) if s.success() => {}
         _ => {
-            eprintln!(
-                "SKIPPED: `{python} -c 'import openai'` failed; install the client with \
+            test_skips::skipped(&format!(
+                "`{python} -c 'import openai'` failed; install the client with \
                  `pip install openai` (or set AFD_PYTHON to a python that has it)"
-            );
+            ));
             return;
         }
     }

@@ -168,6 +168,46 @@ pub fn pack_tile(
     }
 }
 
+/// Row `r` of a packed tile, back in the per-row layout of [`crate::format::encode_row`]: the
+/// inverse of [`pack_tile`], for checking what a tile holds.
+pub fn unpack_row(
+    format: TileFormat,
+    rows: usize,
+    cols: usize,
+    r: usize,
+    tile_data: &[u8],
+    tile_scales: &[u8],
+) -> (Vec<u8>, Vec<u8>) {
+    let (db, sb) = (format.data_bytes(cols), format.scale_bytes(cols));
+    let blocks = cols.div_ceil(BLOCK);
+    let bb = block_bytes(format);
+    let (mut data, mut scales) = (vec![0u8; db], vec![0u8; sb]);
+    let paired = in_row_pair(format, rows, r);
+    for b in 0..blocks {
+        let (d, _, s, _) = block_place(format, rows, blocks, r, b);
+        let block = &mut data[b * bb..(b + 1) * bb];
+        if paired {
+            // See pack_tile: the first row's nibbles are the low ones, the second's the high.
+            for (byte, two) in block
+                .iter_mut()
+                .zip(tile_data[d..d + 2 * bb].chunks_exact(2))
+            {
+                *byte = if r % 2 == 1 {
+                    two[0] >> 4 | two[1] & 0xf0
+                } else {
+                    two[0] & 0x0f | (two[1] & 0x0f) << 4
+                };
+            }
+        } else {
+            block.copy_from_slice(&tile_data[d..d + bb]);
+        }
+        if sb > 0 {
+            scales[b] = tile_scales[s];
+        }
+    }
+    (data, scales)
+}
+
 /// One tile's weights as stored (see [`pack_rows`]): all data, then all scales.
 #[derive(Debug, Clone, Copy)]
 pub struct TileView<'a> {
@@ -591,6 +631,49 @@ mod tests {
             &mut bytes,
         );
         bytes
+    }
+
+    /// `unpack_row` gives back every row a tile was packed from, in every format, whatever
+    /// the rows (row groups, pairs, a lone last row) and columns (a partial last block).
+    #[test]
+    fn unpacking_a_tile_gives_back_its_rows() {
+        let mut rng = SplitMix::new(17, 0);
+        for format in [
+            TileFormat::F32,
+            TileFormat::F16,
+            TileFormat::Bf16,
+            TileFormat::Mxfp4,
+            TileFormat::Mxint8,
+        ] {
+            for (rows, cols) in [(1, 32), (2, 64), (7, 96), (9, 40), (16, 33), (19, 160)] {
+                let (db, sb) = (format.data_bytes(cols), format.scale_bytes(cols));
+                let original: Vec<(Vec<u8>, Vec<u8>)> = (0..rows)
+                    .map(|_| {
+                        let byte = |rng: &mut SplitMix| (rng.next_u64() >> 56) as u8;
+                        (
+                            (0..db).map(|_| byte(&mut rng)).collect(),
+                            (0..sb).map(|_| byte(&mut rng)).collect(),
+                        )
+                    })
+                    .collect();
+                let (mut data, mut scales) = (vec![0u8; rows * db], vec![0u8; rows * sb]);
+                pack_tile(
+                    format,
+                    rows,
+                    cols,
+                    |r, d, s| {
+                        d.copy_from_slice(&original[r].0);
+                        s.copy_from_slice(&original[r].1);
+                    },
+                    &mut data,
+                    &mut scales,
+                );
+                for (r, want) in original.iter().enumerate() {
+                    let got = unpack_row(format, rows, cols, r, &data, &scales);
+                    assert_eq!(&got, want, "{format:?} {rows}x{cols} row {r}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -66,6 +66,8 @@ struct Member {
     running: bool,
     /// Signalled when this member may start (it waits on it with the state's lock).
     wake: Arc<Condvar>,
+    /// Times it was signalled (what the wake-up tests count).
+    woken: u64,
 }
 
 impl CpuTurns {
@@ -138,6 +140,7 @@ impl CpuTurns {
             waiting: None,
             running: false,
             wake: wake.clone(),
+            woken: 0,
         });
         TurnMember {
             turns: self.clone(),
@@ -181,8 +184,14 @@ impl State {
     /// Wakes the waiting members that may start now. Called wherever a CPU is freed or a
     /// waiting message goes away, the only changes that let another member start: a member
     /// taking a turn uses a CPU and leaves the queue ahead of the younger ones alike.
-    fn wake_startable(&self) {
-        for m in self.startable() {
+    fn wake_startable(&mut self) {
+        let startable: Vec<u64> = self.startable().map(|m| m.id).collect();
+        for m in self
+            .members
+            .iter_mut()
+            .filter(|m| startable.contains(&m.id))
+        {
+            m.woken += 1;
             m.wake.notify_one();
         }
     }
@@ -439,6 +448,7 @@ mod tests {
         }
         let landed: Vec<Instant> = (0..3).map(|i| f.pick_up(i)).collect();
         let ids = |state: &State| state.startable().map(|m| m.id).collect::<Vec<_>>();
+        let woken = |state: &State| state.members.iter().map(|m| m.woken).collect::<Vec<_>>();
         {
             let mut state = turns.lock();
             for (i, t) in landed.iter().enumerate() {
@@ -451,14 +461,25 @@ mod tests {
             first.running = true;
             set_free(&mut state, 0);
             assert_eq!(ids(&state), Vec::<u64>::new());
-            // Its turn given back, card 1 (landed before card 2) is the only one to wake.
+            state.wake_startable();
+            assert_eq!(
+                woken(&state),
+                vec![0, 0, 0],
+                "no CPU free: nobody is signalled"
+            );
+            // Its turn given back, card 1 (landed before card 2) is the only one to wake:
+            // only its condition variable is signalled, not every waiter's.
             let first = state.member(m[0].id).expect("a member");
             first.running = false;
             set_free(&mut state, 1);
             assert_eq!(ids(&state), vec![m[1].id]);
+            state.wake_startable();
+            assert_eq!(woken(&state), vec![0, 1, 0]);
             // With two CPUs free, both wake.
             set_free(&mut state, 2);
             assert_eq!(ids(&state), vec![m[1].id, m[2].id]);
+            state.wake_startable();
+            assert_eq!(woken(&state), vec![0, 2, 1]);
         }
         // A message queued in card 0's inbox after theirs holds neither back.
         f.land(0);

@@ -136,4 +136,24 @@ mod tests {
         );
         assert_eq!(ThreadUsage::default().since(used), ThreadUsage::default());
     }
+
+    /// A thread that blocks ten times (each sleep gives up its CPU) is counted at least ten
+    /// voluntary switches, and a thread that never blocks none in a short spin.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn thread_usage_counts_the_times_a_thread_blocks() {
+        let before = ThreadUsage::now();
+        for _ in 0..10 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let slept = ThreadUsage::now().since(before);
+        assert!(slept.voluntary_switches >= 10, "{slept:?}");
+        let before = ThreadUsage::now();
+        let mut x = 0u64;
+        for i in 0..10_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        let spun = ThreadUsage::now().since(before);
+        assert_eq!(spun.voluntary_switches, 0, "{spun:?}");
+    }
 }

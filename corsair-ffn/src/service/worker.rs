@@ -115,34 +115,16 @@ impl Worker {
 
     /// Writes a message's reply (or its error) into the node's reply slot.
     fn send_reply(&self, immediate: &Immediate, raw: u64, reply: Result<Vec<u8>, String>) {
-        let bytes = match reply {
-            Ok(bytes) => bytes,
-            Err(message) => {
-                tracing::warn!(card = self.card_index, "{message}");
-                let meta = MessageMeta {
-                    step: immediate.step,
-                    layer: immediate.layer,
-                    micro_batch: immediate.micro_batch,
-                    dtype: self.shard.wire_dtype,
-                };
-                let mut out = Vec::new();
-                data::encode_error(
-                    meta,
-                    &format!("card {}: {message}", self.card_index),
-                    &mut out,
-                );
-                out
-            }
+        let meta = MessageMeta {
+            step: immediate.step,
+            layer: immediate.layer,
+            micro_batch: immediate.micro_batch,
+            dtype: self.shard.wire_dtype,
         };
-        if bytes.len() > self.reply_slot {
-            tracing::error!(
-                card = self.card_index,
-                "a {}-byte reply exceeds the {}-byte slot",
-                bytes.len(),
-                self.reply_slot
-            );
-            return;
+        if let Err(message) = &reply {
+            tracing::warn!(card = self.card_index, "{message}");
         }
+        let bytes = reply_for_slot(meta, self.card_index, reply, self.reply_slot);
         let offset = ((self.card_index * SLOTS + immediate.micro_batch as usize % SLOTS)
             * self.reply_slot) as u64;
         self.shard
@@ -297,6 +279,43 @@ struct Request {
     op: Op,
 }
 
+/// The bytes to write for a message's reply: the reply when it fits the node's slot, otherwise
+/// an error report naming both sizes (cut to the slot), which the node turns into a failed step
+/// at once. Dropping it instead left the node waiting its whole reply timeout for bytes that
+/// would never come.
+fn reply_for_slot(
+    meta: MessageMeta,
+    card: usize,
+    reply: Result<Vec<u8>, String>,
+    slot: usize,
+) -> Vec<u8> {
+    let message = match reply {
+        Ok(bytes) if bytes.len() <= slot => return bytes,
+        Ok(bytes) => {
+            let message = format!(
+                "a {}-byte reply exceeds the node's {slot}-byte reply slot (the node and the \
+                 card disagree on the step's shapes: run both from the same afd release)",
+                bytes.len()
+            );
+            tracing::error!(card, "{message}");
+            message
+        }
+        Err(message) => message,
+    };
+    let mut text = format!("card {card}: {message}");
+    let room = slot.saturating_sub(data::HEADER_LEN);
+    if text.len() > room {
+        let mut cut = room;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    let mut out = Vec::new();
+    data::encode_error(meta, &text, &mut out);
+    out
+}
+
 enum Op {
     Moe {
         rows: Vec<f32>,
@@ -371,5 +390,42 @@ mod tests {
         assert!(takes_turn(&at(0)));
         assert!(takes_turn(&at(23)));
         assert!(!takes_turn(&at(LM_HEAD_LAYER)));
+    }
+
+    #[test]
+    fn a_reply_too_large_for_its_slot_becomes_an_error_the_node_can_read() {
+        let meta = MessageMeta {
+            step: 4,
+            layer: 2,
+            micro_batch: 1,
+            dtype: data::WireDtype::F32,
+        };
+        // A reply that fits goes out as it is.
+        assert_eq!(reply_for_slot(meta, 3, Ok(vec![7; 100]), 100), vec![7; 100]);
+        // One byte more: an error report for the same message, cut to the slot.
+        for (slot, want) in [
+            (100, "card 3: a 101-byte reply exceeds"),
+            (data::HEADER_LEN + 5, "card "),
+        ] {
+            let bytes = reply_for_slot(meta, 3, Ok(vec![7; 101]), slot);
+            assert!(
+                bytes.len() <= slot,
+                "{} bytes in a {slot}-byte slot",
+                bytes.len()
+            );
+            let (h, message) = data::decode_error(&bytes).unwrap();
+            assert_eq!((h.step, h.layer, h.micro_batch), (4, 2, 1));
+            assert!(message.starts_with(want), "{message}");
+        }
+        let whole = reply_for_slot(meta, 3, Ok(vec![7; 1000]), 999);
+        let (_, message) = data::decode_error(&whole).unwrap();
+        assert!(
+            message.contains("the node's 999-byte reply slot"),
+            "{message}"
+        );
+        // The card's own error, likewise cut to the slot on a character boundary.
+        let bytes = reply_for_slot(meta, 0, Err("é".repeat(100)), data::HEADER_LEN + 12);
+        let (_, message) = data::decode_error(&bytes).unwrap();
+        assert_eq!(message, "card 0: éé");
     }
 }

@@ -61,10 +61,9 @@ fn in_ns(ns: &str, args: &[&str]) -> Result<(), String> {
 }
 
 fn skip(why: &str) -> Option<ImpairedNet> {
-    eprintln!(
-        "SKIPPED a_lossy_slow_reordering_network_changes_no_token: {why} (it needs root, network \
-         namespaces and iproute2; CI has them)"
-    );
+    test_skips::skipped(&format!(
+        "{why} (it needs root, network namespaces and iproute2; CI has them)"
+    ));
     None
 }
 

@@ -195,5 +195,41 @@ mod tests {
             prop_assert!(slower <= WARMUP as usize + (steps - warm.min(steps)) / RETRY_EVERY as usize + 1);
             prop_assert!(slower >= WARMUP as usize);
         }
+
+        /// The case the retries exist for: the faster option's first step was unlucky (it took
+        /// several times its usual time), so the tuner starts on the slower one. Its retries
+        /// bring the faster option's estimate down, and within the retries the running average
+        /// needs to forget the outlier the choice turns. Meanwhile steps of another size class,
+        /// whose faster option is the other one, are decided on their own.
+        #[test]
+        fn an_unlucky_first_try_is_corrected_by_the_retries(
+            tokens in 1usize..4000, fast in 1e-6f64..1e-1, ratio in 1.05f64..3.0,
+            unlucky in 1.5f64..10.0, two_faster in any::<bool>(),
+        ) {
+            let slow = fast * ratio;
+            let (one_cost, two_cost) = if two_faster { (slow, fast) } else { (fast, slow) };
+            // Another class (4^2 times the tokens) where the other option is faster.
+            let other = tokens * 16;
+            let mut t = OverlapTuner::default();
+            // Retries needed for the average to fall below the slower cost:
+            // fast + (1 - NEWEST)^n (unlucky - 1) fast < slow.
+            let forget = ((ratio - 1.0) / (unlucky - 1.0)).ln() / (1.0 - NEWEST).ln();
+            let retries = forget.max(0.0).ceil() as usize + 1;
+            let steps = 2 * WARMUP as usize + (retries + 1) * RETRY_EVERY as usize;
+            let mut first_fast = true;
+            for _ in 0..steps {
+                let choice = t.two(tokens);
+                let mut cost = if choice { two_cost } else { one_cost };
+                if choice == two_faster && std::mem::take(&mut first_fast) {
+                    cost *= unlucky;
+                }
+                t.record(tokens, choice, cost * tokens as f64);
+                let choice = t.two(other);
+                let cost = if choice { one_cost } else { two_cost };
+                t.record(other, choice, cost * other as f64);
+            }
+            prop_assert_eq!(t.preference(tokens).map(|p| p.0), Some(two_faster));
+            prop_assert_eq!(t.preference(other).map(|p| p.0), Some(!two_faster));
+        }
     }
 }

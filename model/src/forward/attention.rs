@@ -36,6 +36,16 @@ pub struct SeqSpan {
     pub past: usize,
 }
 
+/// How often a layer's row attention took each of its parallel paths: what a test asks to
+/// know that the path it means to exercise ran.
+#[derive(Debug, Default)]
+pub struct AttentionPaths {
+    /// Decode batches whose sequences ran side by side on the pool.
+    pub side_by_side: std::sync::atomic::AtomicU64,
+    /// Rows whose key/value heads were split over the pool.
+    pub heads_split: std::sync::atomic::AtomicU64,
+}
+
 /// One layer's attention, with its small tensors prepared on the device.
 #[derive(Debug, Clone)]
 pub struct AttentionBlock {
@@ -54,6 +64,7 @@ pub struct AttentionBlock {
     head_dim: usize,
     eps: f64,
     scale: f64,
+    paths: std::sync::Arc<AttentionPaths>,
 }
 
 impl AttentionBlock {
@@ -81,7 +92,14 @@ impl AttentionBlock {
             head_dim: config.head_dim,
             eps: config.rms_norm_eps,
             scale: (config.head_dim as f64).powf(-0.5),
+            paths: Default::default(),
         })
+    }
+
+    /// How often this layer's row attention split heads over the pool and ran sequences side
+    /// by side, so far.
+    pub fn paths(&self) -> &AttentionPaths {
+        &self.paths
     }
 
     /// Attention output (before the residual add) for normed hidden states `h` (`[tokens, hidden]`).
@@ -171,10 +189,16 @@ impl AttentionBlock {
             // Sequences that do not share out evenly over the threads (one sequence on two,
             // three on two), with long histories: each row's key/value heads are split over
             // the pool, so that no core waits while the last sequence's attention runs.
+            self.paths
+                .heads_split
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.attend_heads_split(&rows, cache, layer, short, &q_rows, threads)?;
         } else if short.len() >= 2 && threads > 1 {
             // A decode batch's sequences are independent row loops: split them over the
             // pool's threads (one sequence with a short history is not worth a hand-over).
+            self.paths
+                .side_by_side
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             short
                 .into_par_iter()
                 .try_for_each_init(Vec::new, |scores, job| row_attention(job, scores))?;

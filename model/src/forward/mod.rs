@@ -140,6 +140,19 @@ impl ReferenceModel {
         &self.weights.config
     }
 
+    /// Over every layer, how often the row attention ran a decode batch's sequences side by
+    /// side on the pool, and split rows' heads over it (see [`attention::AttentionPaths`]).
+    pub fn attention_paths(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.layers.iter().fold((0, 0), |(side, split), l| {
+            let p = l.attention.paths();
+            (
+                side + p.side_by_side.load(Relaxed),
+                split + p.heads_split.load(Relaxed),
+            )
+        })
+    }
+
     /// The weights.
     pub fn weights(&self) -> &ModelWeights {
         &self.weights

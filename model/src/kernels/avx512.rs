@@ -442,6 +442,7 @@ mod tests {
     #[test]
     fn folding_a_block_at_once_gives_each_accumulator_its_own_fold() {
         if !available() {
+            test_skips::skipped("this CPU lacks AVX-512 (F, BW, FMA, F16C)");
             return;
         }
         folds_match::<8, 2>();

@@ -111,6 +111,32 @@ impl KernelChoice {
     }
 }
 
+/// The kernel paths this CPU cannot run, by name (empty where it runs them all). Tests that
+/// go through [`KernelChoice::ALL`] check every path the CPU has (`Auto` is the AVX-512 one
+/// where there is one) and pass here without checking these: they report them as skipped.
+pub fn paths_this_cpu_lacks() -> Vec<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        [
+            (avx512::available(), "AVX-512 (F, BW, FMA, F16C)"),
+            (avx512_bf16::available(), "AVX-512 BF16"),
+            (avx2::available(), "AVX2 (with FMA and F16C)"),
+        ]
+        .into_iter()
+        .filter(|(has, _)| !has)
+        .map(|(_, name)| name)
+        .collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        vec![
+            "AVX-512 (F, BW, FMA, F16C)",
+            "AVX-512 BF16",
+            "AVX2 (with FMA and F16C)",
+        ]
+    }
+}
+
 /// A fixed summation order of the matrix kernel (see the module documentation).
 pub trait SumOrder: Copy + Send + Sync + 'static {
     /// Each term is one fused multiply-add (one rounding) rather than a multiply and an add.

@@ -448,3 +448,29 @@ fn segments_are_folded_on_their_own_in_order() {
         assert_eq!(got, want, "{kernel:?}");
     }
 }
+
+/// The tests that run [`KernelChoice::ALL`] check the paths this CPU has; those it lacks are
+/// reported as not run rather than passed in silence. `Auto` takes the widest path present.
+#[test]
+fn the_kernel_paths_this_cpu_lacks_are_reported() {
+    let lacking = paths_this_cpu_lacks();
+    for path in &lacking {
+        test_skips::skipped(&format!(
+            "the {path} kernel path was not run: this CPU lacks it (CI's machines may too)"
+        ));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let has = |name: &str| !lacking.iter().any(|p| p.starts_with(name));
+        assert_eq!(
+            KernelChoice::Auto.takes_avx2(avx512::available),
+            !has("AVX-512 (") && has("AVX2"),
+            "{lacking:?}"
+        );
+        assert_eq!(
+            KernelChoice::Avx2.takes_avx2(avx512::available),
+            has("AVX2"),
+            "{lacking:?}"
+        );
+    }
+}

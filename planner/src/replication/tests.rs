@@ -79,3 +79,36 @@ fn true_and_false_are_taken_as_given() {
     assert!(decide(ReplicateExperts::Always, 1, Some(0)).every_expert);
     assert!(!decide(ReplicateExperts::Never, 2, None).every_expert);
 }
+
+/// The half-of-memory rule at its edge: the copies' bytes exactly half of what the host has
+/// left replicate, a byte more than half does not.
+#[test]
+fn auto_replicates_up_to_exactly_half_of_the_hosts_memory() {
+    use corsair_ffn::assignment::{ExpertReplica, PlacementOptions};
+    use corsair_ffn::compiler::compile_deployment;
+    let (model, stored) = tiny();
+    let options = CompileOptions {
+        allow_spill: false,
+        ..CompileOptions::default()
+    };
+    let placement = PlacementOptions {
+        cards: 2,
+        replicas: ExpertReplica::placed(Vec::new(), true, &model),
+    };
+    let bytes: u64 = compile_deployment(
+        &model,
+        &stored,
+        &placement,
+        &options,
+        &HardwareProfile::default(),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|c| corsair_ffn::report::sram_needed(&c.unwrap().program))
+    .sum();
+    assert!(bytes > 1 << 16, "{bytes} bytes");
+    assert!(decide(ReplicateExperts::Auto, 2, Some(2 * bytes)).every_expert);
+    assert!(decide(ReplicateExperts::Auto, 2, Some(2 * bytes + 1)).every_expert);
+    let short = decide(ReplicateExperts::Auto, 2, Some(2 * bytes - 2));
+    assert!(!short.every_expert, "{}", short.reason);
+}

@@ -103,10 +103,26 @@ proptest! {
         prop_assert_eq!(&back[0].candidates[..], &p.candidates[..kept]);
     }
 
+    /// Every row's sampling settings come back, each flag alone and both together.
     #[test]
-    fn lm_head_dispatch_round_trips(n in 0usize..5, hidden in 1usize..20, k in 0usize..100) {
+    fn lm_head_dispatch_round_trips(
+        flags in prop::collection::vec((any::<bool>(), any::<bool>(), any::<u64>(), 0f32..4.0), 0..8),
+        hidden in 1usize..20,
+        k in 0usize..100,
+    ) {
+        let n = flags.len();
         let rows: Vec<f32> = (0..n * hidden).map(|i| i as f32).collect();
-        let sampling: Vec<RowSampling> = (0..n).map(|i| RowSampling { temperature: i as f32 * 0.5, seed: i as u64 * 31, position: 1000 + i as u64, logprobs: i % 3 == 1, filtered: i % 4 == 2 }).collect();
+        let sampling: Vec<RowSampling> = flags
+            .iter()
+            .enumerate()
+            .map(|(i, &(logprobs, filtered, seed, temperature))| RowSampling {
+                temperature,
+                seed,
+                position: 1000 + i as u64,
+                logprobs,
+                filtered,
+            })
+            .collect();
         let mut buf = Vec::new();
         encode_lm_head_dispatch(meta(3, LM_HEAD_LAYER, 0, false), hidden, &rows, &sampling, k, &mut buf);
         let d = decode_lm_head_dispatch(&buf).unwrap();

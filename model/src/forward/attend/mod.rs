@@ -430,6 +430,21 @@ mod tests {
     /// head sizes the AVX2 build takes and histories that are not a multiple of its 8 keys.
     #[test]
     fn the_simd_build_gives_the_portable_bits() {
+        #[cfg(target_arch = "x86_64")]
+        let lacking = [
+            (std::arch::is_x86_feature_detected!("avx2"), "AVX2"),
+            (
+                grouped::available(),
+                "the grouped kernels' AVX2 and AVX-512 (F, VL)",
+            ),
+        ];
+        #[cfg(not(target_arch = "x86_64"))]
+        let lacking = [(false, "AVX2"), (false, "AVX-512 (F, VL)")];
+        for (_, what) in lacking.iter().filter(|(has, _)| !has) {
+            test_skips::skipped(&format!(
+                "this CPU lacks {what}: that build was not checked"
+            ));
+        }
         for d in [8, 16, 32, 64, 128] {
             for (keys, (heads, kv_heads)) in [2, 7, 8, 13, 40]
                 .into_iter()
