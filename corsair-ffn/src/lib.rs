@@ -2,7 +2,8 @@
 //!
 //! Owns the hardware profile, the compiler (placement, tiling, memory plan) for a card's share of
 //! the experts, dense FFN slices and LM-head rows, the sanitizer that proves each program, the
-//! executor with real numerics, the performance model, and the card service.
+//! executor with real numerics, the performance model, and the card service (the default feature
+//! `service`: tonic, tokio, `proto`, `jetstream`; without it, the part the planner uses).
 //!
 //! Layers, bottom up: [`profile`] (one card as data: hierarchy, memories, rates, latencies),
 //! [`assignment`] (a card's share and the default placement), [`format`](mod@format) and

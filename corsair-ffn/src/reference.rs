@@ -60,7 +60,7 @@ impl<'a> SoftwareModel<'a> {
         let gu = self.matvec(gate_up as usize, x)?;
         let width = gu.len() / 2;
         let a: Vec<f32> = (0..width)
-            .map(|i| model::forward::moe::activate(act.into(), gu[i], gu[width + i]))
+            .map(|i| model::kernels::activate(act.into(), gu[i], gu[width + i]))
             .collect();
         self.matvec(down as usize, &a)
     }

@@ -8,7 +8,8 @@
 //! run on the prompts) or from a generator ([`routing`]: uniform, Zipf-skewed, or replayed
 //! from a recorded run, [`record`]); a card can fail on the reliability path's timeline
 //! ([`faults`]). The result is afd-loadtest's result file, marked as modeled, with the step
-//! breakdown added ([`report`]); [`trace`] draws a few steps as a Perfetto timeline.
+//! breakdown added ([`report`]); [`trace`] draws a few steps as a Perfetto timeline. It also
+//! times the steps of `afd serve --clock modeled` ([`ModeledTimer`]).
 //!
 //! Must not: sleep, read the wall clock for a figure, or re-implement the scheduler, the
 //! dispatch or the metrics: it drives the router's [`router::Scheduler`], gpu-attention's

@@ -1,8 +1,12 @@
 // afd's own CUDA kernels for the attention node's device path (gpu-attention/src/device).
 //
-// Each kernel has a CPU twin in Rust that follows it step for step (same chunking, same
-// order of the sums that matter), so the CPU tests of the device path check the indexing,
-// the masks and the softmax bookkeeping written here; only the arithmetic's rounding differs.
+// The paged-attention kernel has a CPU twin in Rust that follows it step for step
+// (`PagedAttention::cpu_fwd` in gpu-attention/src/device/paged.rs: same chunking, same order
+// of the sums that matter), so the CPU tests check the indexing, the masks and the softmax
+// bookkeeping written here; only the arithmetic's rounding differs. The linear and MoE kernels
+// have plain CPU implementations of the same arithmetic (one dot product per output, in column
+// order), which check the ops' shapes and weight decoding, not these kernels' indexing: only
+// scripts/gpu_check.sh, on a GPU, runs them.
 //
 // Built by gpu-attention/build.rs with nvcc into PTX (the `cuda` feature), loaded through
 // candle's module cache.

@@ -1,8 +1,8 @@
 //! JetStream: an RDMA-style one-sided data plane.
 //!
 //! Owns registered memory regions, one-sided writes with immediates, receive- and send-side
-//! completions, the QUIC transport (quinn) with mutual TLS from a cluster CA, and an in-process
-//! transport with the same trait.
+//! completions, the QUIC transport (quinn) with mutual TLS from a cluster CA, an in-process
+//! transport with the same trait, and the runtime an endpoint runs on ([`EndpointRuntime`]).
 //!
 //! Must not: depend on any other afd crate or interpret the bytes it moves.
 //!

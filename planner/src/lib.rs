@@ -10,7 +10,8 @@
 //! spills), the attention device's memory (weights plus the KV cache of `max_num_seqs` x
 //! `max_model_len`), and predicted decode steps, TPOT and throughput.
 //!
-//! Must not: read deployment files, start anything or touch the network: `deploy` reads the
+//! Must not: read deployment files, start anything, touch the network or use corsair-ffn's card
+//! service (it uses corsair-ffn without its `service` feature): `deploy` reads the
 //! files and hands over a [`Target`]; the emulation applies the same step model to the steps
 //! its scheduler makes. Everything here is deterministic and free of I/O except reading a
 //! profile file named by path ([`load_profile`]).

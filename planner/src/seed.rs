@@ -1,4 +1,4 @@
-//! The seed's GPT-OSS-20B figures (seed 004, `reference/hardware.md`) the system model must
+//! The seed's GPT-OSS-20B figures (seed 004, `docs/reference/hardware.md`) the system model must
 //! reproduce, and the fit of its two calibrated constants, each on one named figure.
 //!
 //! Calibrated (both in the device profile, `calibrated = [...]`):
@@ -59,7 +59,7 @@ pub struct SeedRow {
     pub calibrates: Option<&'static str>,
 }
 
-/// The seed's figures, in the order of `reference/hardware.md`.
+/// The seed's figures, in the order of `docs/reference/hardware.md`.
 pub const SEED_ROWS: [SeedRow; 4] = [
     SeedRow {
         setup: "GPT-OSS-20B, 1x H100 alone, batch 1, 1K context: TPOT",

@@ -4,7 +4,8 @@
 //! token budget and chunked prefill), KV-block accounting, preemption, admission and queue limits,
 //! and spreading requests over several attention nodes.
 //!
-//! Must not: do HTTP or know the model's numerics; it drives attention nodes through their step API.
+//! Must not: do HTTP, know the model's numerics or depend on `gpu-attention`; it drives attention
+//! nodes through their step API (the `step` crate).
 //!
 //! Layout:
 //! - [`scheduler`]: the deterministic, I/O-free core of one node ([`Scheduler`], its

@@ -178,7 +178,7 @@ fn trim_to_last_content(rendered: String, messages: &[Value]) -> String {
 }
 
 /// GPT-OSS harmony: `<|start|>{role}<|message|>{content}<|end|>` per message, then
-/// `<|start|>assistant` (reference/gpt-oss.md §5).
+/// `<|start|>assistant` (docs/reference/gpt-oss.md §5).
 pub fn render_harmony(messages: &[Value], options: &RenderOptions) -> String {
     let mut out = String::new();
     for (i, m) in messages.iter().enumerate() {

@@ -3,7 +3,8 @@
 //! Owns the axum routes, request validation, tokenization and streaming detokenization, chat
 //! templates, server-sent events and the metrics endpoint.
 //!
-//! Must not: schedule or compute; it hands validated requests to `router`.
+//! Must not: schedule or compute, or depend on the attention node or the cards (it uses `router`,
+//! `step` and `model`'s light part only); it hands validated requests to `router`.
 //!
 //! Entry point: [`Server::bind`] (or [`serve`]) with a [`ServerConfig`] and a running
 //! [`router::Router`], then [`Server::run_until`] a stop signal, which drains (see

@@ -7,6 +7,8 @@
 //! file, appends one line to it, which `.ci/run` counts and prints after the tests.
 //!
 //! It owns nothing else: no test logic, no detection of what the machine has.
+//!
+//! Must not: depend on any crate, or be anything but a dev-dependency.
 
 use std::io::Write;
 

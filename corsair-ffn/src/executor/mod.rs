@@ -214,7 +214,7 @@ impl Executor {
                     let (src, d) = (f32s(src), f32s_mut(d));
                     let apply = |(d, s): (&mut [f32], &[f32])| {
                         for (i, o) in d.iter_mut().enumerate() {
-                            *o = model::forward::moe::activate(act, s[i], s[w + i]);
+                            *o = model::kernels::activate(act, s[i], s[w + i]);
                         }
                     };
                     match &self.pool {

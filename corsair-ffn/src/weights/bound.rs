@@ -110,8 +110,8 @@ fn huge_pages(words: &[[u64; 8]]) {
 /// consecutive memory. A tile's scales (MX formats) are kept apart from its data, after every
 /// tile's data, so that the tiles of a matrix, and the matrices one after another, are one
 /// unbroken stream: with the scales between them, the hardware prefetcher lost the stream at
-/// every tile (GPT-OSS-20B's MXFP4 expert is 270 tiles; BENCHMARKS.md, "The cards' weights as
-/// one stream").
+/// every tile (GPT-OSS-20B's MXFP4 expert is 270 tiles;
+/// `docs/bench/notes/2026-12-03-weights-as-one-stream.md`).
 #[derive(Debug, Clone, Default)]
 pub struct BoundMemory {
     /// Resident SRAM regions.

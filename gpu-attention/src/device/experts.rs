@@ -202,7 +202,7 @@ impl DeviceMlp {
     }
 }
 
-/// The gated activation, elementwise (model::forward::moe::activate in tensor ops).
+/// The gated activation, elementwise (model::kernels::activate in tensor ops).
 fn activate(act: Activation, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     match act {
         Activation::SwiGlu => gate.silu()? * up,
@@ -241,8 +241,8 @@ impl MoeOp {
         Ok((cols, weight_rows / self.rows))
     }
 
-    /// The CPU twin of the kernels: pair p's output row r is the dot of x's row and the
-    /// expert's weight row, in column order.
+    /// The op on the CPU (the same arithmetic as the kernels, not their order of work): pair
+    /// p's output row r is the dot of x's row and the expert's weight row, in column order.
     fn cpu(
         &self,
         x: &[f32],

@@ -1,6 +1,7 @@
 //! Linear layers on the device with their weights as stored: f32 through candle's matmul;
 //! bf16, f16 and MXFP4 through custom ops that decode the weights in registers and accumulate
-//! in f32 against f32 activations (`afd_linear_*` in `kernels/afd.cu`, and a CPU twin here).
+//! in f32 against f32 activations (`afd_linear_*` in `kernels/afd.cu`; here a plain CPU dot
+//! product of the same arithmetic, not a step-for-step twin of the kernels).
 //! Long prompt chunks of half-precision weights take candle's f32 matmul on the upcast weight,
 //! where arithmetic, not the weight's bytes, is the cost.
 

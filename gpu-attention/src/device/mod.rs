@@ -5,8 +5,11 @@
 //! The weights stay in their stored format on the device ([`linear`]); the KV cache is paged in
 //! device memory ([`kv`]); decode attention reads the block tables directly ([`paged`]); the
 //! node's per-layer work ([`node`]) copies to the host only what crosses to the cards. Where
-//! candle has no op for it, a custom op carries a CUDA kernel (`kernels/afd.cu`) and a CPU twin
-//! that follows it step for step, so the CPU tests check the kernels' logic.
+//! candle has no op for it, a custom op carries a CUDA kernel (`gpu-attention/kernels/afd.cu`)
+//! and a CPU implementation. Paged attention's follows its kernel step for step (a twin), so
+//! the CPU tests check that kernel's logic; the linear and MoE ops' are plain dot products of
+//! the same arithmetic, which check shapes and weight decoding but not their kernels' indexing
+//! (only `scripts/gpu_check.sh`, on a GPU, runs those).
 
 pub mod attention;
 #[cfg(feature = "cuda")]

@@ -1,4 +1,5 @@
-//! The custom ops' CPU implementations (the CUDA kernels' twins) against plain references:
+//! The custom ops' CPU implementations (paged attention's is its kernel's twin; the linear
+//! ops' are plain dot products) against plain references:
 //! paged attention against the reference's matmul attention over a contiguous history, the
 //! linear ops against an f32 matmul of the decoded weights.
 

@@ -49,7 +49,7 @@ fn gpt_oss_hub_style_rope_and_defaults() {
 fn yarn_inv_freq_matches_transformers() {
     let c = parse(GPT_OSS_20B_HUB).unwrap();
     let f = c.rope.inv_freq(64);
-    // Values printed by transformers 5.24 for the real config (reference/gpt-oss.md §3.3).
+    // Values printed by transformers 5.24 for the real config (docs/reference/gpt-oss.md §3.3).
     let expect = [
         (0, 1.0),
         (1, 0.689_044_3),

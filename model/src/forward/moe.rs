@@ -6,7 +6,7 @@
 
 use crate::config::{Activation, MoeSpec, RouterKind};
 use crate::error::Result;
-use crate::kernels;
+use crate::kernels::{self, activate};
 use crate::weights::{GatedMlp, Linear, MoeWeights};
 use rayon::prelude::*;
 
@@ -104,20 +104,6 @@ pub fn route_logits(logits: &[f32], spec: &MoeSpec) -> Routing {
         top_k: k,
         experts,
         weights,
-    }
-}
-
-/// The gated activation of one (gate, up) pair.
-#[inline]
-pub fn activate(act: Activation, gate: f32, up: f32) -> f32 {
-    match act {
-        Activation::SwiGlu => gate / (1.0 + (-gate).exp()) * up,
-        Activation::ClampedSwiGlu { alpha, limit } => {
-            let gate = gate.min(limit);
-            let up = up.clamp(-limit, limit);
-            let glu = gate * (1.0 / (1.0 + (-(gate * alpha)).exp()));
-            (up + 1.0) * glu
-        }
     }
 }
 
@@ -294,20 +280,5 @@ mod tests {
     #[test]
     fn ties_prefer_lower_expert_ids() {
         assert_eq!(top_k(&[1.0, 3.0, 3.0, 0.0], 2), vec![1, 2]);
-    }
-
-    #[test]
-    fn clamped_swiglu_matches_formula() {
-        let act = Activation::ClampedSwiGlu {
-            alpha: 1.702,
-            limit: 7.0,
-        };
-        // gate above the limit is clamped to 7, up below -7 is clamped to -7.
-        let v = activate(act, 9.0, -8.0);
-        let glu = 7.0 * (1.0 / (1.0 + (-(7.0f32 * 1.702)).exp()));
-        assert_eq!(v, (-7.0 + 1.0) * glu);
-        // gate has no lower clamp.
-        let v = activate(act, -9.0, 0.5);
-        assert_eq!(v, 1.5 * (-9.0 * (1.0 / (1.0 + (9.0f32 * 1.702).exp()))));
     }
 }

@@ -31,6 +31,7 @@
 //! and MXFP4 (a 32-bit word or a byte already holds a pair, so that is a shift or a mask) and
 //! expects f32 and MXINT8 blocks stored even elements first, which the card's tile packing does.
 
+mod activation;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -51,6 +52,7 @@ mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use activation::activate;
 pub use bf16::{
     ActivationDtype, bf16_block_sums, bf16_partial, bf16_reads_one_input_in_one_pass, bf16_value,
     flushed_term, round_bf16, round_rows,

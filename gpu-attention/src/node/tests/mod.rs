@@ -421,7 +421,7 @@ fn a_sequence_gives_the_same_tokens_alone_and_in_a_batch() {
 }
 
 /// The device path on candle's CPU device (what `--device cuda` runs, with the custom ops' CPU
-/// twins) gives the reference's greedy tokens for every family, card count and micro-batching,
+/// implementations) gives the reference's greedy tokens for every family, card count and micro-batching,
 /// and the host path's logits.
 #[test]
 fn the_device_path_matches_the_reference_and_the_host_path() {
