@@ -7,6 +7,10 @@
 #   scripts/mutants.sh [AREA...]       areas: proto router step merge-dispatch compiler sanitizer
 #                                      jetstream-codec (default: all of them)
 #
+# MUTANTS_ARGS adds cargo-mutants options, e.g. MUTANTS_ARGS=--in-place in a spare checkout
+# (mutants are built in the tree itself, reusing its target folder, instead of in a copy that
+# is built from nothing first).
+#
 # Each area's results go to target/mutants/AREA/mutants.out (caught.txt, missed.txt,
 # timeout.txt, unviable.txt); the last line printed per area is its score:
 # caught (timeouts count as caught: the mutant made the tests hang) over caught + missed
@@ -44,6 +48,8 @@ area() {
 areas=("$@")
 [ ${#areas[@]} -gt 0 ] || areas=(proto router step merge-dispatch compiler sanitizer jetstream-codec)
 for a in "${areas[@]}"; do area "$a"; done # every name checked before hours of work start
+mkdir -p target/mutants
+failed=0
 
 for a in "${areas[@]}"; do
   area "$a"
@@ -51,6 +57,8 @@ for a in "${areas[@]}"; do
     --timeout 300 --build-timeout 900)
   for f in "${files[@]}"; do args+=(--file "$f"); done
   for t in "${tests[@]}"; do args+=(--cargo-test-arg "$t"); done
+  # shellcheck disable=SC2206 # word splitting of the extra options is wanted
+  args+=(${MUTANTS_ARGS:-})
   echo "== $a: cargo mutants ${args[*]}"
   started=$SECONDS
   # Exits non-zero when a mutant survives; the score below says how many.
@@ -61,7 +69,13 @@ for a in "${areas[@]}"; do
   missed=$(count missed)
   unviable=$(count unviable)
   total=$((caught + missed))
-  pct=$(awk -v c="$caught" -v t="$total" 'BEGIN { printf "%.1f", t ? 100 * c / t : 0 }')
+  if [ "$total" -eq 0 ]; then
+    echo "== $a: no mutant was tested (cargo mutants failed: see above)" >&2
+    failed=1
+    continue
+  fi
+  pct=$(awk -v c="$caught" -v t="$total" 'BEGIN { printf "%.1f", 100 * c / t }')
   echo "== $a: $caught of $total caught ($pct%), $unviable unviable, $((SECONDS - started)) s;" \
     "survivors in $out/missed.txt"
 done
+exit "$failed"

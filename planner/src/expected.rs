@@ -67,6 +67,58 @@ fn scaled(a: &LayerTime, f: f64) -> LayerTime {
 
 /// Uniform routing's expected figures of `layer` of `cards` for `tokens` tokens.
 pub fn expected_layer(cards: &CardSet, layer: usize, tokens: usize) -> ExpectedLayer {
+    let e = cards.num_experts();
+    expected_layer_by(cards, layer, tokens, |rng, _| rng.below(e))
+}
+
+/// The expected figures of `layer` for `tokens` tokens whose experts are drawn in proportion to
+/// `load` (tokens each expert received, as measured): each token's k distinct experts, one at
+/// a time, each among those it has not chosen yet. An expert never measured is never drawn,
+/// unless every expert left is such (then they are equally likely).
+pub fn expected_layer_under_load(
+    cards: &CardSet,
+    layer: usize,
+    tokens: usize,
+    load: &[u64],
+) -> ExpectedLayer {
+    let e = cards.num_experts();
+    expected_layer_by(cards, layer, tokens, |rng, taken| {
+        let weight = |x: usize| {
+            if taken.contains(&x) {
+                0
+            } else {
+                load.get(x).copied().unwrap_or(0)
+            }
+        };
+        let total: u64 = (0..e).map(weight).sum();
+        if total == 0 {
+            return loop {
+                let x = rng.below(e);
+                if !taken.contains(&x) {
+                    break x;
+                }
+            };
+        }
+        let mut at = (((rng.next() >> 11) as f64 / (1u64 << 53) as f64) * total as f64) as u64;
+        for x in 0..e {
+            let w = weight(x);
+            if at < w {
+                return x;
+            }
+            at -= w;
+        }
+        (0..e).rev().find(|&x| weight(x) > 0).unwrap_or(0)
+    })
+}
+
+/// [`expected_layer`] with each token's `j`-th expert drawn by `draw(rng, the j chosen so
+/// far)`; a draw that repeats one of them is drawn again.
+fn expected_layer_by(
+    cards: &CardSet,
+    layer: usize,
+    tokens: usize,
+    mut draw: impl FnMut(&mut Draws, &[usize]) -> usize,
+) -> ExpectedLayer {
     let n = cards.len();
     let dense = cards.dense_cards(layer);
     if !dense.is_empty() || tokens == 0 {
@@ -122,7 +174,7 @@ pub fn expected_layer(cards: &CardSet, layer: usize, tokens: usize) -> ExpectedL
             let row = &mut chosen[t * k..(t + 1) * k];
             for j in 0..k {
                 row[j] = loop {
-                    let x = rng.below(e);
+                    let x = draw(&mut rng, &row[..j]);
                     if !row[..j].contains(&x) {
                         break x;
                     }

@@ -16,10 +16,12 @@
 //! its scheduler makes. Everything here is deterministic and free of I/O except reading a
 //! profile file named by path ([`load_profile`]).
 
+pub mod balance;
 pub mod cards;
 pub mod error;
 pub mod expected;
 pub mod gpu;
+pub mod load_plan;
 pub mod profiles;
 pub mod replication;
 mod report;
@@ -36,6 +38,7 @@ use step::MicroBatches;
 pub use cards::{CardMemory, CardSet};
 pub use error::{Error, Result};
 pub use gpu::{Attending, Span, TokenGroup};
+pub use load_plan::{LoadPlan, plan_by_load};
 pub use profiles::{DeviceProfile, NetworkProfile};
 pub use replication::{CardsToFit, ReplicateExperts, ReplicationChoice};
 pub use system::{

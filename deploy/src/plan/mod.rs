@@ -118,6 +118,38 @@ pub fn model_shape(d: &Deployment) -> Result<(ModelConfig, StoredFormats)> {
     Ok((config, stored))
 }
 
+/// `afd plan --expert-load FILE`: `d`'s experts placed by the load a routing record holds
+/// (`afd serve --record-routing` or `afd emulate --record-routing`), with `redundant` extra
+/// copies per MoE layer.
+pub fn plan_deployment_by_load(
+    d: &Deployment,
+    record: &std::path::Path,
+    redundant: usize,
+) -> Result<planner::LoadPlan> {
+    let (config, stored) = model_shape(d)?;
+    let profiles = load_profiles(d)?;
+    let counts = emulate::record::RoutingCounts::read(record)
+        .and_then(|c| {
+            let experts = config.moe.map_or(0, |m| m.num_experts);
+            c.check_shape(config.num_layers(), experts, record)?;
+            Ok(c)
+        })
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let load = planner::balance::ExpertLoad {
+        layers: (0..counts.layers).map(|l| counts.totals(l)).collect(),
+    };
+    planner::plan_by_load(
+        &target(d),
+        &config,
+        &stored,
+        &profiles.card,
+        &load,
+        redundant,
+        &record.display().to_string(),
+    )
+    .map_err(|e| Error::from(e).within(d.source.display().to_string()))
+}
+
 /// The shell: reads the model's config and the profiles a deployment names, then plans it.
 pub fn plan_deployment(d: &Deployment) -> Result<Plan> {
     let (config, stored) = model_shape(d)?;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use deploy::deployment::Deployment;
-use deploy::plan::plan_deployment;
+use deploy::plan::{plan_deployment, plan_deployment_by_load};
 
 use crate::overrides::DeploymentOverrides;
 
@@ -29,6 +29,15 @@ pub struct PlanArgs {
     /// Override `workload.output_len` (0: one decode step at input_len).
     #[arg(long)]
     output_len: Option<usize>,
+    /// Also place the experts by the load this routing record measured (`afd serve
+    /// --record-routing FILE`, `afd emulate --routing model --record-routing FILE`): the
+    /// balancedness and the cards' modeled decode step with the file's placement and by load.
+    #[arg(long, value_name = "FILE")]
+    expert_load: Option<PathBuf>,
+    /// With --expert-load: extra copies per MoE layer, each to the expert with the most load
+    /// per copy (vLLM's name).
+    #[arg(long, default_value_t = 0, requires = "expert_load")]
+    num_redundant_experts: usize,
 }
 
 impl PlanArgs {
@@ -51,10 +60,33 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     d.validate()
         .with_context(|| format!("{} with the flags given", args.file.display()))?;
     let plan = plan_deployment(&d)?;
+    let by_load = match &args.expert_load {
+        Some(record) => Some(plan_deployment_by_load(
+            &d,
+            record,
+            args.num_redundant_experts,
+        )?),
+        None => None,
+    };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
+        let mut json = serde_json::to_value(&plan)?;
+        if let (Some(by_load), Some(object)) = (&by_load, json.as_object_mut()) {
+            object.insert("placement_by_load".into(), serde_json::to_value(by_load)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         println!("{plan}");
+        if let Some(by_load) = &by_load {
+            println!("{by_load}");
+        }
+    }
+    if let Some(by_load) = by_load.as_ref().filter(|p| !p.fits) {
+        bail!(
+            "the placement by load of {} does not fit: {} (fewer --num-redundant-experts, or \
+             more cards)",
+            args.file.display(),
+            by_load.problems.join("; ")
+        );
     }
     if !plan.fits {
         bail!(

@@ -1,0 +1,266 @@
+//! Expert placement by measured load (`afd plan --expert-load FILE`): which experts get extra
+//! copies and which card holds each copy, so that the cards of a layer receive even shares of
+//! its tokens.
+//!
+//! A step waits for its slowest card, and real routers are skewed: the default placement
+//! (contiguous blocks of experts per card) leaves the card holding a layer's hot experts with
+//! most of its rows. As DeepSeek's EPLB does, per MoE layer:
+//! 1. **Replicate**: `num_redundant_experts` extra copies, each going to the expert whose load
+//!    per copy is highest at that moment (never more copies than cards).
+//! 2. **Pack**: the copies, heaviest first (an expert's load split evenly over its copies), each
+//!    onto the least-loaded card that does not hold that expert yet and has a slot left; every
+//!    card gets the same number of slots (the copies over the cards, rounded up), so the cards'
+//!    memory stays even.
+//!
+//! Loads are in expectation over steps: a replicated expert's tokens count evenly on each of its
+//! copies, as the node's dispatcher spreads them. Balancedness is vLLM's: the mean over cards of
+//! a card's load divided by the largest (1.0 is perfectly even).
+//!
+//! Pure and deterministic: ties go to the lower expert id and the lower card index. Whether a
+//! placement fits in the cards' SRAM is the compiler's to say (the caller compiles it).
+
+use corsair_ffn::assignment::{CardAssignment, LayerShare};
+use model::ModelConfig;
+use serde::Serialize;
+
+use crate::cards::CardSet;
+use crate::error::{Error, Result};
+use crate::expected::expected_layer_under_load;
+
+/// Tokens routed to each expert of each layer, as measured (`afd serve --record-routing` or
+/// `afd emulate --record-routing`, summed over the record's windows).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExpertLoad {
+    /// `layers[layer][expert]`; empty for a dense layer.
+    pub layers: Vec<Vec<u64>>,
+}
+
+/// Which cards hold a copy of each expert of one MoE layer: `holders[expert]`, ascending.
+pub type LayerHolders = Vec<Vec<usize>>;
+
+/// A placement computed from measured load, with how even it leaves the cards.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BalancedPlacement {
+    /// Number of cards.
+    pub cards: usize,
+    /// Per decoder layer, the holders of each expert (`None` for a dense layer).
+    #[serde(skip)]
+    pub layers: Vec<Option<LayerHolders>>,
+    /// Extra copies per MoE layer (beyond one of each expert) in this placement.
+    pub redundant_experts: usize,
+    /// Per MoE layer (in layer order), balancedness under the placement it replaces.
+    pub before: Vec<f64>,
+    /// Per MoE layer, balancedness under this placement.
+    pub after: Vec<f64>,
+}
+
+impl BalancedPlacement {
+    /// The mean of [`Self::before`].
+    pub fn mean_before(&self) -> f64 {
+        mean(&self.before)
+    }
+
+    /// The mean of [`Self::after`].
+    pub fn mean_after(&self) -> f64 {
+        mean(&self.after)
+    }
+
+    /// Each card's share: the experts of this placement, and the dense columns and LM-head
+    /// rows of `default` (the placement it replaces, one entry per card).
+    pub fn assignments(&self, default: &[CardAssignment]) -> Vec<CardAssignment> {
+        default
+            .iter()
+            .map(|a| {
+                let mut a = a.clone();
+                for (share, holders) in a.layers.iter_mut().zip(&self.layers) {
+                    if let (LayerShare::Moe { experts }, Some(holders)) = (share, holders) {
+                        *experts = holders
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, cards)| cards.contains(&a.card))
+                            .map(|(e, _)| e as u32)
+                            .collect();
+                    }
+                }
+                a
+            })
+            .collect()
+    }
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        1.0
+    } else {
+        xs.iter().sum::<f64>() / xs.len() as f64
+    }
+}
+
+/// vLLM's balancedness of cards with these loads: the mean load over the largest (1.0 when
+/// every card has the same load, or none has any).
+pub fn balancedness(card_loads: &[f64]) -> f64 {
+    let max = card_loads.iter().copied().fold(0.0, f64::max);
+    if max <= 0.0 {
+        return 1.0;
+    }
+    mean(card_loads) / max
+}
+
+/// Each card's load of one layer: every expert's tokens split evenly over its holders.
+pub fn card_loads(load: &[u64], holders: &[Vec<usize>], cards: usize) -> Vec<f64> {
+    let mut out = vec![0.0; cards];
+    for (l, h) in load.iter().zip(holders) {
+        for &card in h {
+            if let Some(slot) = out.get_mut(card) {
+                *slot += *l as f64 / h.len() as f64;
+            }
+        }
+    }
+    out
+}
+
+/// The holders of each expert of `layer` in `assignments` (one entry per card).
+pub fn holders_of(assignments: &[CardAssignment], layer: usize, experts: usize) -> LayerHolders {
+    let mut holders = vec![Vec::new(); experts];
+    for a in assignments {
+        if let Some(LayerShare::Moe { experts: held }) = a.layers.get(layer) {
+            for &e in held {
+                if let Some(h) = holders.get_mut(e as usize) {
+                    h.push(a.card);
+                }
+            }
+        }
+    }
+    holders
+}
+
+/// One layer's placement by load on `cards` cards with `redundant` extra copies (fewer where
+/// every expert already has a copy on every card).
+pub fn balance_layer(load: &[u64], cards: usize, redundant: usize) -> LayerHolders {
+    let n = load.len();
+    if n == 0 || cards == 0 {
+        return vec![Vec::new(); n];
+    }
+    // 1. Replicate: each extra copy to the expert with the most load per copy.
+    let mut copies = vec![1usize; n];
+    for _ in 0..redundant {
+        let best = (0..n).filter(|&e| copies[e] < cards).max_by(|&a, &b| {
+            let per = |e: usize| load[e] as f64 / copies[e] as f64;
+            per(a).total_cmp(&per(b)).then(b.cmp(&a))
+        });
+        match best {
+            Some(e) => copies[e] += 1,
+            None => break,
+        }
+    }
+    // 2. Pack: heaviest copy first onto the least-loaded card with room that lacks the expert.
+    let mut items: Vec<(usize, f64)> = (0..n)
+        .flat_map(|e| {
+            let w = load[e] as f64 / copies[e] as f64;
+            std::iter::repeat_n((e, w), copies[e])
+        })
+        .collect();
+    items.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let slots = items.len().div_ceil(cards);
+    let mut card_load = vec![0.0f64; cards];
+    let mut held = vec![0usize; cards];
+    let mut holders: LayerHolders = vec![Vec::new(); n];
+    for (e, w) in items {
+        let free = |c: &usize| !holders[e].contains(c);
+        let pick = |room: bool| {
+            (0..cards)
+                .filter(free)
+                .filter(|&c| !room || held[c] < slots)
+                .min_by(|&a, &b| {
+                    card_load[a]
+                        .total_cmp(&card_load[b])
+                        .then(held[a].cmp(&held[b]))
+                        .then(a.cmp(&b))
+                })
+        };
+        // A card with room always lacks the expert unless every card with room holds it;
+        // then the copy goes over a card's slots rather than nowhere.
+        let Some(card) = pick(true).or_else(|| pick(false)) else {
+            continue;
+        };
+        holders[e].push(card);
+        card_load[card] += w;
+        held[card] += 1;
+    }
+    for h in &mut holders {
+        h.sort_unstable();
+    }
+    holders
+}
+
+/// The placement of `config`'s experts on `cards` cards by `load`, with `redundant` extra
+/// copies per MoE layer, against the placement it replaces (`current`: one assignment per
+/// card, as the compiler's default placement gives).
+pub fn balance(
+    config: &ModelConfig,
+    load: &ExpertLoad,
+    current: &[CardAssignment],
+    redundant: usize,
+) -> Result<BalancedPlacement> {
+    let experts = config.moe.map_or(0, |m| m.num_experts);
+    let cards = current.len();
+    if cards == 0 {
+        return Err(Error::Config(
+            "placement by load needs at least one card".into(),
+        ));
+    }
+    let moe = config.moe_layers();
+    if load.layers.len() != moe.len() {
+        return Err(Error::Config(format!(
+            "the expert load has {} layers, the model {}: measure the load of the same model",
+            load.layers.len(),
+            moe.len()
+        )));
+    }
+    let mut out = BalancedPlacement {
+        cards,
+        layers: Vec::with_capacity(moe.len()),
+        redundant_experts: redundant.min(experts * cards.saturating_sub(1)),
+        before: Vec::new(),
+        after: Vec::new(),
+    };
+    for (layer, (&is_moe, counts)) in moe.iter().zip(&load.layers).enumerate() {
+        if !is_moe {
+            out.layers.push(None);
+            continue;
+        }
+        if counts.len() != experts {
+            return Err(Error::Config(format!(
+                "layer {layer} of the expert load has {} experts, the model {experts}",
+                counts.len()
+            )));
+        }
+        let was = holders_of(current, layer, experts);
+        out.before
+            .push(balancedness(&card_loads(counts, &was, cards)));
+        let now = balance_layer(counts, cards, redundant);
+        out.after
+            .push(balancedness(&card_loads(counts, &now, cards)));
+        out.layers.push(Some(now));
+    }
+    Ok(out)
+}
+
+/// The cards' time of a decode step of `tokens` tokens (one micro-batch) under measured `load`
+/// (seconds): per MoE layer, the slowest card's time in expectation over routings drawn from
+/// the load ([`expected_layer_under_load`]), summed over the layers.
+pub fn cards_step_seconds(cards: &CardSet, load: &ExpertLoad, tokens: usize) -> f64 {
+    load.layers
+        .iter()
+        .enumerate()
+        .filter(|(_, counts)| !counts.is_empty())
+        .map(|(layer, counts)| {
+            expected_layer_under_load(cards, layer, tokens, counts)
+                .slowest
+                .seconds
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests;
