@@ -213,3 +213,38 @@ fn headers_that_lie_about_sizes_fail() {
         Err(DecodeError::Short(10))
     ));
 }
+
+#[test]
+fn every_kind_round_trips_through_its_byte_and_no_other_byte_is_a_kind() {
+    let kinds = [
+        Kind::MoeDispatch,
+        Kind::DenseDispatch,
+        Kind::PartialSums,
+        Kind::LmHeadDispatch,
+        Kind::LmHeadProposals,
+        Kind::Error,
+    ];
+    for k in kinds {
+        assert_eq!(Kind::from_byte(k.to_byte()), Some(k), "{k:?}");
+    }
+    let bytes: std::collections::HashSet<u8> = kinds.iter().map(|k| k.to_byte()).collect();
+    assert_eq!(bytes.len(), kinds.len(), "two kinds share a byte");
+    for b in (0..=u8::MAX).filter(|b| !bytes.contains(b)) {
+        assert_eq!(Kind::from_byte(b), None, "byte {b}");
+    }
+}
+
+#[test]
+fn wire_dtypes_parse_by_name_and_an_unknown_one_says_what_is_expected() {
+    assert_eq!("f32".parse::<WireDtype>(), Ok(WireDtype::F32));
+    assert_eq!("bf16".parse::<WireDtype>(), Ok(WireDtype::Bf16));
+    let err = "fp8".parse::<WireDtype>().unwrap_err();
+    assert!(
+        err.contains("`fp8`") && err.contains("expected f32 or bf16"),
+        "{err}"
+    );
+    for d in [WireDtype::F32, WireDtype::Bf16] {
+        assert_eq!(WireDtype::from_byte(d.to_byte()), Some(d));
+    }
+    assert_eq!(WireDtype::from_byte(2), None);
+}
