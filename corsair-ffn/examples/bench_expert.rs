@@ -48,9 +48,15 @@ fn expert_bytes(mlp: &GatedMlp) -> Vec<&[u8]> {
     parts
 }
 
-/// Median of `v` (loadtest's, numpy's interpolation); NaN when empty.
-fn median(v: Vec<f64>) -> f64 {
-    loadtest::stats::median(&v).unwrap_or(f64::NAN)
+/// Median of `v` (the mean of the middle two of an even count, as numpy and afd-loadtest
+/// report it); NaN when empty.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// Seconds of one call of `f`.

@@ -206,8 +206,8 @@ async fn run(rounds: usize, stats: bool, card_node: Handle) -> BenchResult<Figur
         js_p50,
         js_p99,
         samples: tcp_samples.len(),
-        tcp_throughput: loadtest::stats::median(&tcp_rate).unwrap_or(f64::NAN),
-        js_throughput: loadtest::stats::median(&js_rate).unwrap_or(f64::NAN),
+        tcp_throughput: median(tcp_rate),
+        js_throughput: median(js_rate),
         rounds,
     })
 }
@@ -221,8 +221,29 @@ fn micros(duration: Duration) -> f64 {
 fn percentiles(samples: &[Duration]) -> (Duration, Duration) {
     let mut seconds: Vec<f64> = samples.iter().map(Duration::as_secs_f64).collect();
     seconds.sort_by(f64::total_cmp);
-    let at = |p: f64| Duration::from_secs_f64(loadtest::stats::percentile_sorted(&seconds, p));
+    let at = |p: f64| Duration::from_secs_f64(interpolated(&seconds, p));
     (at(50.0), at(99.0))
+}
+
+/// The `p`th percentile of `sorted`, linear between the two nearest ranks (numpy's default, as
+/// afd-loadtest reports percentiles); 0 when empty. Written here so that JetStream, which
+/// uses no crate of ours, needs none for its benchmark either.
+fn interpolated(sorted: &[f64], p: f64) -> f64 {
+    let Some(last) = sorted.len().checked_sub(1) else {
+        return 0.0;
+    };
+    let rank = (p / 100.0).clamp(0.0, 1.0) * last as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
+}
+
+/// Median of `v`; NaN when empty.
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    interpolated(&v, 50.0)
 }
 
 /// TCP ping-pong: the client sends 4 KB, the server (on the card node) reads them and sends
