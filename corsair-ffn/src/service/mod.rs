@@ -365,6 +365,15 @@ impl CardHost {
         if slot == 0 || req.reply_slot_bytes == 0 {
             return Err(ServiceError::Invalid("slot sizes must be positive".into()));
         }
+        // Every reply, an error report included, carries a header: a smaller slot could hold
+        // no answer at all.
+        if (req.reply_slot_bytes as usize) < proto::data::HEADER_LEN {
+            return Err(ServiceError::Invalid(format!(
+                "a {}-byte reply slot cannot hold a {}-byte message header",
+                req.reply_slot_bytes,
+                proto::data::HEADER_LEN
+            )));
+        }
         if !req.attention_data_addr.is_empty()
             && let Some(quic) = self.transport_as_quic()
         {
