@@ -90,6 +90,9 @@ pub struct ClusterConfig {
     /// token's experts are computed side by side, at the cost of the experts' memory twice.
     /// Default auto: where the copies fit (see [`crate::replication`]).
     pub replicate_experts: ReplicateExperts,
+    /// Place the experts by measured load instead (`[cards] placement = "load"`): then
+    /// [`Self::replicas`] and [`Self::replicate_experts`] are not used. Default: none.
+    pub expert_load: Option<crate::load_placement::LoadPlacement>,
     /// Attention-node settings (KV cache, micro-batches, wire dtype, max tokens, ...).
     pub node: NodeConfig,
     /// Executor threads per card (0: every core).
@@ -143,6 +146,35 @@ impl ClusterConfig {
         Ok((replicas, choice))
     }
 
+    /// Every card's share for `model` on `cards` cards: by measured load where
+    /// [`Self::expert_load`] says so, else contiguous blocks with [`Self::replicas_for`]'s
+    /// copies (`host_available` as there).
+    pub fn assignments(
+        &self,
+        model: &ModelConfig,
+        cards: usize,
+        host_available: Option<u64>,
+    ) -> Result<Vec<CardAssignment>> {
+        if let Some(load) = &self.expert_load {
+            let (assignments, placed) =
+                crate::load_placement::assignments_by_load(model, cards, load)?;
+            tracing::info!(
+                record = %load.record.display(),
+                num_redundant_experts = placed.redundant_experts,
+                "experts placed by measured load: balancedness {:.3} -> {:.3} (mean over MoE layers)",
+                placed.mean_before(),
+                placed.mean_after()
+            );
+            return Ok(assignments);
+        }
+        let (replicas, choice) = self.replicas_for(model, host_available)?;
+        tracing::info!(replicate_experts = choice.every_expert, "{}", choice.reason);
+        Ok(plan_placement(
+            model,
+            &PlacementOptions { cards, replicas },
+        )?)
+    }
+
     /// The checkpoint's weights as this deployment computes with them: the experts `experts`
     /// names, every product rounding its inputs as `activation_dtype` says. On the CPU, with
     /// [`Self::huge_pages`], the layers' matrices move into huge pages, and the LM head too
@@ -179,6 +211,7 @@ impl ClusterConfig {
             huge_pages: true,
             replicas: Vec::new(),
             replicate_experts: ReplicateExperts::Auto,
+            expert_load: None,
             // The cards share this host: while they wait for the node in a step of one
             // micro-batch, its attention may use every core.
             node: NodeConfig {
@@ -272,7 +305,7 @@ pub fn connect_node(
     transport: NodeTransport,
     runtime: Arc<EndpointRuntime>,
 ) -> Result<DisaggregatedNode> {
-    let layout = card_layout(model, assignments)?;
+    let mut layout = card_layout(model, assignments)?;
     let sizes = slot_sizes(model, &config.node, &layout);
     let (dyn_transport, quic): (Arc<dyn Transport>, Option<Arc<QuicTransport>>) = match transport {
         NodeTransport::Quic(q) => (q.clone(), Some(q)),
@@ -287,6 +320,9 @@ pub fn connect_node(
     };
     let mut inboxes = Vec::with_capacity(cards.len());
     let mut watched = Vec::with_capacity(cards.len());
+    // Per layer, the least of what the cards report (they share one profile; a card without
+    // experts in a layer reports `u32::MAX` there).
+    let mut rows_per_weight_read = vec![u32::MAX; model.num_layers()];
     for (i, (card, assignment)) in cards.iter().zip(assignments).enumerate() {
         let request = LoadShardRequest {
             model_path: config.model.display().to_string(),
@@ -331,6 +367,14 @@ pub fn connect_node(
             q.add_peer(answer.card_node.clone(), addr);
         }
         tracing::info!(card = i, "{}", answer.program_summary);
+        for (slot, &rows) in rows_per_weight_read
+            .iter_mut()
+            .zip(&answer.rows_per_weight_read)
+        {
+            if rows > 0 {
+                *slot = (*slot).min(rows);
+            }
+        }
         inboxes.push(jetstream::RegionDescriptor {
             node: inbox.node,
             id: inbox.id,
@@ -343,6 +387,9 @@ pub fn connect_node(
         });
     }
     fabric.set_inboxes(inboxes);
+    layout.placement = layout
+        .placement
+        .with_rows_per_weight_read(&rows_per_weight_read);
     let node = DisaggregatedNode::new(
         attention_weights,
         layout,
@@ -403,15 +450,7 @@ impl EmbeddedCluster {
         }
         let model = ModelConfig::from_file(&config.model.join("config.json"))?;
         let fingerprint = model_fingerprint(&config.model)?;
-        let (replicas, choice) = config.replicas_for(&model, host_available_memory())?;
-        tracing::info!(replicate_experts = choice.every_expert, "{}", choice.reason);
-        let assignments = plan_placement(
-            &model,
-            &PlacementOptions {
-                cards: config.cards,
-                replicas,
-            },
-        )?;
+        let assignments = config.assignments(&model, config.cards, host_available_memory())?;
         let ca = match config.transport {
             TransportKind::Quic => Some(ClusterCa::generate()?),
             TransportKind::Inproc => None,

@@ -15,6 +15,7 @@ pub mod deployment;
 pub mod error;
 pub mod k8s;
 pub mod launch;
+pub mod load_placement;
 pub mod plan;
 pub mod process;
 pub mod remote;

@@ -5,7 +5,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use corsair_ffn::{PlacementOptions, plan_placement};
 use gpu_attention::DisaggregatedNode;
 use jetstream::{EndpointRuntime, NodeIdentity, QuicConfig, QuicTransport};
 use model::ModelConfig;
@@ -120,15 +119,7 @@ pub fn connect_remote_node(
 ) -> Result<DisaggregatedNode> {
     let model = ModelConfig::from_file(&config.model.join("config.json"))?;
     let print = fingerprint(&config.model)?;
-    let (replicas, choice) = config.replicas_for(&model, None)?;
-    tracing::info!(replicate_experts = choice.every_expert, "{}", choice.reason);
-    let assignments = plan_placement(
-        &model,
-        &PlacementOptions {
-            cards: card_addresses.len(),
-            replicas,
-        },
-    )?;
+    let assignments = config.assignments(&model, card_addresses.len(), None)?;
     let identity = NodeIdentity::read_pem(certs, &attention_name(id))?;
     let cards: Vec<Arc<dyn CardControl>> = card_addresses
         .iter()

@@ -300,7 +300,9 @@ pub fn placement_of(config: &ModelConfig, cards: &CardSet) -> Result<ExpertPlace
                 .collect()
         })
         .collect();
+    let per_layer: Vec<u32> = (0..layers).map(|l| cards.rows_per_weight_read(l)).collect();
     ExpertPlacement::for_model(config, &card_experts)
+        .map(|p| p.with_rows_per_weight_read(&per_layer))
         .map_err(|e| Error::Config(format!("the cards' programs place the experts so: {e}")))
 }
 

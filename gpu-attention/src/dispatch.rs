@@ -1,18 +1,21 @@
 //! The dispatch planner and the combine step (no I/O).
 //!
-//! After routing, each token's (expert, weight) slots are grouped by the card holding the
+//! After routing, each token's (expert, weight) slots are grouped by the card computing the
 //! expert: each card receives only the rows it needs, each row with its local slots in the
 //! token's top-k order. Partial sums come back per card and are added in ascending card order,
 //! so the result never depends on which card answers first. An expert without replicas always
-//! goes to its one card, so a token's arithmetic is the same alone or in any batch. An expert
-//! with replicas is served, for all its rows of a step, by one of its holders, chosen to even
-//! out how many experts each card computes ([`ExpertPlacement::serving_cards`]): a card then
-//! reads each expert's weights once, and a token whose two experts share a primary card still
-//! has them computed side by side. Such a token's f32 rounding can then depend on its batch
-//! (which partial sums its experts' outputs are added in), as in engines that balance experts.
+//! goes to its one card, so a token's arithmetic is the same alone or in any batch. The rows of
+//! an expert with replicas go to the fewest of its holders that finish them soonest
+//! ([`step::replicas`], the rule the planner models too): one holder while the expert's rows
+//! cost less than a pass over its weights (the card then reads them once, and a token whose two
+//! experts share a primary card still has them computed side by side), split over several
+//! when it is compute bound. Such a token's f32 rounding can then depend on its batch (which
+//! partial sums its experts' outputs are added in), as in engines that balance experts; the
+//! split itself is a function of the step's routing alone.
 
 use model::forward::moe::Routing;
 use proto::data::NO_EXPERT;
+use step::replicas::{RowShare, SplitInput};
 
 /// Which cards hold each expert of each layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +23,9 @@ pub struct ExpertPlacement {
     /// `holders[layer][expert]`: cards holding that expert, ascending.
     holders: Vec<Vec<Vec<usize>>>,
     cards: usize,
+    /// Per layer, the rows one pass over an expert's weights is worth on its cards
+    /// ([`step::replicas`]); `u32::MAX` (the default) never splits an expert's rows.
+    rows_per_weight_read: Vec<u32>,
 }
 
 /// Why a placement is unusable.
@@ -101,9 +107,26 @@ impl ExpertPlacement {
             }
         }
         Ok(ExpertPlacement {
+            rows_per_weight_read: vec![u32::MAX; holders.len()],
             holders,
             cards: card_experts.len(),
         })
+    }
+
+    /// The same placement splitting replicated experts' rows by what the cards report: per
+    /// layer, the rows one pass over an expert's weights is worth (missing layers, and 0,
+    /// never split).
+    pub fn with_rows_per_weight_read(mut self, per_layer: &[u32]) -> Self {
+        for (slot, &rows) in self.rows_per_weight_read.iter_mut().zip(per_layer) {
+            *slot = if rows == 0 { u32::MAX } else { rows };
+        }
+        self
+    }
+
+    /// Per layer, the rows one pass over an expert's weights is worth (`u32::MAX`: never
+    /// split).
+    pub fn rows_per_weight_read(&self) -> &[u32] {
+        &self.rows_per_weight_read
     }
 
     /// [`ExpertPlacement::new`] for `config`'s layers and experts.
@@ -148,6 +171,7 @@ impl ExpertPlacement {
         Ok(ExpertPlacement {
             holders,
             cards: self.cards,
+            rows_per_weight_read: self.rows_per_weight_read.clone(),
         })
     }
 
@@ -156,17 +180,10 @@ impl ExpertPlacement {
         self.without(&[card]).is_ok()
     }
 
-    /// The card that serves each expert of `layer` in a step with `routing` (indexed by
-    /// expert; experts no row routes to are absent). An expert with one holder goes there;
-    /// replicated ones, the most-routed first, go to whichever of their holders computes the
-    /// fewest experts of this step so far; ties go to the first such holder counting from the
-    /// one `keys` (the first row's key) points at.
-    pub fn serving_cards(
-        &self,
-        layer: usize,
-        routing: &Routing,
-        keys: &[u64],
-    ) -> Vec<Option<usize>> {
+    /// Which cards compute each expert's rows of `layer` in a step with `routing` (indexed by
+    /// expert; empty for experts no row routes to), by [`step::replicas::split_rows`]: `keys[t]`
+    /// is row `t`'s key, and an expert's first row's key breaks ties between its holders.
+    pub fn serving(&self, layer: usize, routing: &Routing, keys: &[u64]) -> Vec<Vec<RowShare>> {
         let holders = &self.holders[layer];
         let mut rows = vec![0usize; holders.len()];
         let mut first_key = vec![0u64; holders.len()];
@@ -179,31 +196,13 @@ impl ExpertPlacement {
                 rows[e] += 1;
             }
         }
-        let mut serving = vec![None; holders.len()];
-        let mut load = vec![0usize; self.cards];
-        let mut replicated = Vec::new();
-        for (e, cards) in holders.iter().enumerate() {
-            match cards.as_slice() {
-                _ if rows[e] == 0 => {}
-                [card] => {
-                    serving[e] = Some(*card);
-                    load[*card] += 1;
-                }
-                _ => replicated.push(e),
-            }
-        }
-        replicated.sort_by_key(|&e| (std::cmp::Reverse(rows[e]), e));
-        for e in replicated {
-            let cards = &holders[e];
-            let start = (first_key[e] % cards.len() as u64) as usize;
-            let card = (0..cards.len())
-                .map(|i| cards[(start + i) % cards.len()])
-                .min_by_key(|&c| load[c])
-                .unwrap_or(cards[start]);
-            serving[e] = Some(card);
-            load[card] += 1;
-        }
-        serving
+        step::replicas::split_rows(SplitInput {
+            holders,
+            rows: &rows,
+            keys: &first_key,
+            cards: self.cards,
+            rows_per_weight_read: self.rows_per_weight_read[layer],
+        })
     }
 }
 
@@ -227,6 +226,8 @@ pub struct DispatchPlan {
     pub slots: usize,
     /// Cards that receive rows, ascending; cards with no rows are absent.
     pub cards: Vec<CardRows>,
+    /// Experts whose rows were split over two or more of their copies.
+    pub split_experts: usize,
 }
 
 /// Groups routed tokens by card. `keys[t]` breaks ties between replicas (use the token's
@@ -238,7 +239,9 @@ pub fn plan_dispatch(
     keys: &[u64],
 ) -> DispatchPlan {
     let k = routing.top_k;
-    let serving = placement.serving_cards(layer, routing, keys);
+    let serving = placement.serving(layer, routing, keys);
+    // Per expert: the share being given out and the rows it has had so far.
+    let mut cursor = vec![(0usize, 0usize); serving.len()];
     let mut per_card: Vec<CardRows> = (0..placement.cards())
         .map(|card| CardRows {
             card,
@@ -249,9 +252,14 @@ pub fn plan_dispatch(
         .collect();
     for t in 0..keys.len().min(routing.tokens()) {
         for (e, w) in routing.token(t) {
-            let Some(card) = serving[e as usize] else {
+            let (share, given) = &mut cursor[e as usize];
+            let Some(&RowShare { card, rows }) = serving[e as usize].get(*share) else {
                 continue;
             };
+            *given += 1;
+            if *given == rows {
+                (*share, *given) = (*share + 1, 0);
+            }
             let c = &mut per_card[card];
             if c.rows.last() != Some(&t) {
                 c.rows.push(t);
@@ -269,6 +277,7 @@ pub fn plan_dispatch(
     }
     DispatchPlan {
         slots: k,
+        split_experts: serving.iter().filter(|s| s.len() > 1).count(),
         cards: per_card
             .into_iter()
             .filter(|c| !c.rows.is_empty())
@@ -313,14 +322,20 @@ mod tests {
 
     proptest! {
         /// Every (token, slot) lands on exactly one card holding its expert, in the token's
-        /// slot order, and combining per-card weighted sums equals the per-token weighted sum.
+        /// slot order, each expert's rows on the cards its split names (all on one card when
+        /// rows are never split), and combining per-card weighted sums equals the per-token
+        /// weighted sum.
         #[test]
         fn plans_cover_every_slot_once(
             tokens in 1usize..12, experts in 2usize..9, cards in 1usize..5, k in 1usize..3, seed in any::<u64>(), replicas in any::<bool>(),
+            split in proptest::option::of(1u32..3),
         ) {
             let k = k.min(experts);
             let cards = cards.min(experts);
-            let p = placement(experts, cards, replicas);
+            let mut p = placement(experts, cards, replicas);
+            if let Some(rows) = split {
+                p = p.with_rows_per_weight_read(&[rows]);
+            }
             let mut ids = Vec::new();
             let mut weights = Vec::new();
             for t in 0..tokens {
@@ -339,8 +354,10 @@ mod tests {
             let routing = Routing { top_k: k, experts: ids.clone(), weights: weights.clone() };
             let keys: Vec<u64> = (0..tokens as u64).map(|t| t * 3).collect();
             let plan = plan_dispatch(&routing, 0, &p, &keys);
+            let shares = p.serving(0, &routing, &keys);
             let mut seen = vec![0usize; tokens * k];
             let mut served_by = vec![None; experts];
+            let mut rows_on = vec![vec![0usize; cards]; experts];
             for c in &plan.cards {
                 for (r, &t) in c.rows.iter().enumerate() {
                     let mut last_slot = None;
@@ -351,15 +368,25 @@ mod tests {
                         prop_assert!(last_slot.is_none_or(|l| l < j), "slot order kept");
                         last_slot = Some(j);
                         prop_assert!(p.holders[0][e as usize].contains(&c.card));
-                        // All of a step's rows of an expert go to one card: its weights are
-                        // read once.
-                        prop_assert_eq!(*served_by[e as usize].get_or_insert(c.card), c.card);
+                        if split.is_none() {
+                            // All of a step's rows of an expert go to one card: its weights
+                            // are read once.
+                            prop_assert_eq!(*served_by[e as usize].get_or_insert(c.card), c.card);
+                        }
+                        rows_on[e as usize][c.card] += 1;
                         prop_assert_eq!(c.weights[r * k + s], weights[t * k + j]);
                         seen[t * k + j] += 1;
                     }
                 }
             }
             prop_assert!(seen.iter().all(|&n| n == 1));
+            for e in 0..experts {
+                let mut want = vec![0usize; cards];
+                for s in &shares[e] {
+                    want[s.card] += s.rows;
+                }
+                prop_assert_eq!(&rows_on[e], &want, "expert {}", e);
+            }
             // Combine: partial of a card row = sum of its weights (hidden = 1).
             let partials: Vec<Vec<f32>> = plan.cards.iter().map(|c| {
                 c.rows.iter().enumerate().map(|(r, _)| c.weights[r * k..(r + 1) * k].iter().sum()).collect()

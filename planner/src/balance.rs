@@ -96,15 +96,7 @@ fn mean(xs: &[f64]) -> f64 {
     }
 }
 
-/// vLLM's balancedness of cards with these loads: the mean load over the largest (1.0 when
-/// every card has the same load, or none has any).
-pub fn balancedness(card_loads: &[f64]) -> f64 {
-    let max = card_loads.iter().copied().fold(0.0, f64::max);
-    if max <= 0.0 {
-        return 1.0;
-    }
-    mean(card_loads) / max
-}
+pub use step::replicas::balancedness;
 
 /// Each card's load of one layer: every expert's tokens split evenly over its holders.
 pub fn card_loads(load: &[u64], holders: &[Vec<usize>], cards: usize) -> Vec<f64> {

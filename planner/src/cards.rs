@@ -134,6 +134,24 @@ impl CardSet {
         self.programs.first().map_or(0, |p| p.num_experts)
     }
 
+    /// The rows one pass over an expert's weights of `layer` is worth, as the cards report it
+    /// to the attention node (the least over the cards; `u32::MAX` where none has experts):
+    /// what the dispatcher splits a replicated expert's rows by ([`step::replicas`]).
+    pub fn rows_per_weight_read(&self, layer: usize) -> u32 {
+        let mut costs = self.costs.lock().unwrap_or_else(PoisonError::into_inner);
+        self.programs
+            .iter()
+            .zip(costs.iter_mut())
+            .filter_map(|(program, per_layer)| {
+                per_layer.get_mut(layer).map(|slot| {
+                    slot.get_or_insert_with(|| LayerCosts::new(program, layer))
+                        .rows_per_weight_read(program)
+                })
+            })
+            .min()
+            .unwrap_or(u32::MAX)
+    }
+
     /// Modeled time of `layer` on `card` for the rows it was sent: `rows` tokens, of which
     /// `expert_rows[i]` went to its `i`-th local expert (its program's order; see
     /// [`CardSet::local_experts_of`]). A card sent nothing is not called.

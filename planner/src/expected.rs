@@ -6,11 +6,12 @@
 //! [`expected_layer`] draws the layer's routing many times (each token's top-k experts, distinct,
 //! every expert equally likely, from a generator with a fixed seed, so a plan is the same
 //! every time), dispatches each draw as the node does (an expert to its card; a replicated
-//! expert to whichever of its holders computes the fewest experts of the step so far, the most
-//! routed first) and averages each card's time, the slowest card's time and the rows sent.
+//! expert's rows over its holders by [`step::replicas::split_rows`], the node's own rule) and
+//! averages each card's time, the slowest card's time and the rows sent.
 //! The draws per layer shrink as the micro-batch grows, since large batches vary little.
 
 use corsair_ffn::perf::LayerTime;
+use step::replicas::{RowShare, SplitInput};
 
 use crate::cards::CardSet;
 
@@ -150,12 +151,12 @@ fn expected_layer_by(
             ..ExpectedLayer::default()
         };
     }
-    // Who holds each expert, and where it sits in each holder's list.
-    let mut holders: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+    // Who holds each expert, ascending.
+    let mut holders: Vec<Vec<usize>> = vec![Vec::new(); e];
     for c in 0..n {
-        for (local, &x) in cards.local_experts_of(c, layer).iter().enumerate() {
+        for &x in cards.local_experts_of(c, layer) {
             if let Some(h) = holders.get_mut(x as usize) {
-                h.push((c, local));
+                h.push(c);
             }
         }
     }
@@ -166,7 +167,8 @@ fn expected_layer_by(
     let mut rows_total = 0usize;
     let mut chosen = vec![0usize; tokens * k];
     let mut expert_rows = vec![0usize; e];
-    let mut serving = vec![usize::MAX; e];
+    let no_keys = vec![0u64; e];
+    let rows_per_weight_read = cards.rows_per_weight_read(layer);
     for _ in 0..draws {
         // Each token's k distinct experts.
         expert_rows.iter_mut().for_each(|r| *r = 0);
@@ -182,34 +184,32 @@ fn expected_layer_by(
                 expert_rows[row[j]] += 1;
             }
         }
-        // Each routed expert to a card: its only holder, or the least busy of its holders.
-        let mut computing = vec![0usize; n];
-        let mut replicated = Vec::new();
-        for (x, h) in holders.iter().enumerate() {
-            serving[x] = usize::MAX;
-            match h.as_slice() {
-                _ if expert_rows[x] == 0 => {}
-                [(c, _)] => {
-                    serving[x] = *c;
-                    computing[*c] += 1;
-                }
-                _ => replicated.push(x),
-            }
-        }
-        replicated.sort_by_key(|&x| (std::cmp::Reverse(expert_rows[x]), x));
-        for x in replicated {
-            if let Some(&(c, _)) = holders[x].iter().min_by_key(|(c, _)| computing[*c]) {
-                serving[x] = c;
-                computing[c] += 1;
-            }
-        }
-        // Each card's rows (tokens with an expert there) and rows per local expert.
+        // Each routed expert's rows to cards, as the node's dispatcher splits them (every row
+        // keyed 0: the node's keys only break ties, and a plan must not depend on them).
+        let shares = step::replicas::split_rows(SplitInput {
+            holders: &holders,
+            rows: &expert_rows,
+            keys: &no_keys,
+            cards: n,
+            rows_per_weight_read,
+        });
+        // Each card's rows (tokens with an expert there) and rows per expert there.
         let mut card_rows = vec![0usize; n];
         let mut last_token = vec![usize::MAX; n];
+        let mut cursor = vec![(0usize, 0usize); e];
+        let mut rows_on = vec![0usize; n * e];
         for t in 0..tokens {
             for &x in &chosen[t * k..(t + 1) * k] {
-                let c = serving[x];
-                if c < n && last_token[c] != t {
+                let (share, given) = &mut cursor[x];
+                let Some(&RowShare { card: c, rows }) = shares[x].get(*share) else {
+                    continue;
+                };
+                *given += 1;
+                if *given == rows {
+                    (*share, *given) = (*share + 1, 0);
+                }
+                rows_on[c * e + x] += 1;
+                if last_token[c] != t {
                     last_token[c] = t;
                     card_rows[c] += 1;
                 }
@@ -220,14 +220,7 @@ fn expected_layer_by(
             let local = cards.local_experts_of(c, layer);
             let rows: Vec<usize> = local
                 .iter()
-                .map(|&x| {
-                    let x = x as usize;
-                    if serving.get(x) == Some(&c) {
-                        expert_rows[x]
-                    } else {
-                        0
-                    }
-                })
+                .map(|&x| rows_on.get(c * e + x as usize).copied().unwrap_or(0))
                 .collect();
             let time = cards.observed_layer_time(c, layer, card_rows[c], &rows);
             if time.seconds > worst.seconds {

@@ -38,5 +38,5 @@ pub use error::{Error, GenerationError};
 pub use scheduler::{
     BlockManager, FinishReason, RequestId, Scheduler, SchedulerOutput, SequenceParams, TokenOutput,
 };
-pub use stats::{AfdStats, AfdStatsSource, NodeStats, RouterStats};
+pub use stats::{AfdStats, AfdStatsSource, BalanceWindow, NodeStats, RouterStats};
 pub use timing::{ClockSnapshot, Dilation, Timing};

@@ -70,10 +70,104 @@ pub struct AfdStats {
     pub jetstream_bytes_per_layer: Vec<u64>,
     /// Token-expert assignments routed to each card so far (expert load per card).
     pub expert_tokens_per_card: Vec<u64>,
+    /// The same per decoder layer: `[layer][card]` (empty lists for dense layers).
+    pub expert_tokens_per_layer_card: Vec<Vec<u64>>,
+}
+
+/// How even the cards' expert load is, per layer, over a sliding window of time: the counters
+/// of [`AfdStats::expert_tokens_per_layer_card`] sampled at each look (each scrape of
+/// `/metrics`), differenced against the oldest sample still in the window.
+#[derive(Debug, Clone)]
+pub struct BalanceWindow {
+    window: std::time::Duration,
+    samples: std::collections::VecDeque<(std::time::Instant, Vec<Vec<u64>>)>,
+}
+
+impl BalanceWindow {
+    /// A window of `window` (vLLM balances over its last steps; a scrape sees the last
+    /// `window` of them).
+    pub fn new(window: std::time::Duration) -> Self {
+        BalanceWindow {
+            window,
+            samples: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Adds the counters as of `now` and returns each layer's balancedness over the window
+    /// ([`step::replicas::balancedness`] of the cards' tokens): `None` for a layer no token
+    /// reached in it. The first look covers everything since start.
+    pub fn observe(&mut self, now: std::time::Instant, counts: &[Vec<u64>]) -> Vec<Option<f64>> {
+        // Keep the newest sample at least a window old as the base; drop those before it.
+        while self.samples.len() >= 2
+            && self
+                .samples
+                .get(1)
+                .is_some_and(|(t, _)| now.duration_since(*t) >= self.window)
+        {
+            self.samples.pop_front();
+        }
+        let base = self.samples.front().map(|(_, c)| c.clone());
+        self.samples.push_back((now, counts.to_vec()));
+        counts
+            .iter()
+            .enumerate()
+            .map(|(layer, cards)| {
+                let was = base.as_ref().and_then(|b| b.get(layer));
+                let delta: Vec<f64> = cards
+                    .iter()
+                    .enumerate()
+                    .map(|(card, &n)| {
+                        let before = was.and_then(|w| w.get(card)).copied().unwrap_or(0);
+                        n.saturating_sub(before) as f64
+                    })
+                    .collect();
+                (delta.iter().sum::<f64>() > 0.0).then(|| step::replicas::balancedness(&delta))
+            })
+            .collect()
+    }
 }
 
 /// Where the server reads [`AfdStats`] from at each scrape of `/metrics`.
 pub trait AfdStatsSource: Send + Sync {
     /// The current totals.
     fn snapshot(&self) -> AfdStats;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn balancedness_is_over_the_window_not_since_start() {
+        let mut w = BalanceWindow::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        // Layer 0 even so far, layer 1 dense (no cards), layer 2 never reached.
+        let got = w.observe(t0, &[vec![10, 10], vec![], vec![0, 0]]);
+        assert_eq!(got, vec![Some(1.0), None, None]);
+        // Then card 0 takes 30 more, card 1 10: 2/3 over that stretch (0.75 since start).
+        let got = w.observe(
+            t0 + Duration::from_secs(5),
+            &[vec![40, 20], vec![], vec![0, 0]],
+        );
+        assert_eq!(
+            got[0],
+            Some(2.0 / 3.0),
+            "differenced against the first sample"
+        );
+        let got = w.observe(
+            t0 + Duration::from_secs(16),
+            &[vec![40, 20], vec![], vec![0, 0]],
+        );
+        assert_eq!(
+            got[0], None,
+            "nothing since the base sample (5 s), 11 s ago"
+        );
+        let got = w.observe(
+            t0 + Duration::from_secs(17),
+            &[vec![40, 26], vec![], vec![4, 0]],
+        );
+        assert_eq!(got[0], Some(0.5), "only card 1's 6 since the base");
+        assert_eq!(got[2], Some(0.5));
+    }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
-use router::{AfdStats, ClockSnapshot, RouterStats};
+use router::{AfdStats, BalanceWindow, ClockSnapshot, RouterStats};
 
 static METADATA: Metadata<'static> =
     Metadata::new("afd::server", Level::INFO, Some(module_path!()));
@@ -39,6 +39,11 @@ const PROMPT_LEN: &str = "vllm:request_prompt_tokens";
 const GEN_LEN: &str = "vllm:request_generation_tokens";
 const PARAMS_N: &str = "vllm:request_params_n";
 const PARAMS_MAX_TOKENS: &str = "vllm:request_params_max_tokens";
+const BALANCEDNESS: &str = "afd_expert_balancedness_window";
+const BALANCEDNESS_BUCKETS: &[f64] =
+    &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0];
+/// The window `afd_expert_balancedness` is computed over.
+pub const BALANCE_WINDOW: Duration = Duration::from_secs(60);
 
 /// 1, 2, 5, 10, 20, 50, ... up to `max`.
 fn one_two_five(max: usize) -> Vec<f64> {
@@ -117,6 +122,8 @@ pub struct Metrics {
     params_n: Histogram,
     params_max_tokens: Histogram,
     success: [Counter; 3],
+    /// The cards' expert load as of earlier scrapes, for the balancedness over a window.
+    balance: std::sync::Mutex<BalanceWindow>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -132,7 +139,8 @@ impl Metrics {
     pub fn new(model_name: &str, max_model_len: usize) -> Self {
         let lengths = one_two_five(max_model_len.max(1));
         let mut builder = PrometheusBuilder::new();
-        let buckets: [(&str, &[f64]); 12] = [
+        let buckets: [(&str, &[f64]); 13] = [
+            (BALANCEDNESS, BALANCEDNESS_BUCKETS),
             (TTFT, TTFT_BUCKETS),
             (ITL, ITL_BUCKETS),
             (TPOT, ITL_BUCKETS),
@@ -176,6 +184,11 @@ impl Metrics {
         let gen_len = m(GEN_LEN, "Generated tokens per request.");
         let params_n = m(PARAMS_N, "The n parameter of requests.");
         let params_max_tokens = m(PARAMS_MAX_TOKENS, "The max_tokens parameter of requests.");
+        recorder.describe_histogram(
+            BALANCEDNESS.into(),
+            None,
+            "Each MoE layer's balancedness over the window ending at each scrape (afd_expert_balancedness's values).".into(),
+        );
         recorder.describe_counter(
             "vllm:request_success_total".into(),
             None,
@@ -230,6 +243,10 @@ impl Metrics {
             (
                 "afd_card_modeled_seconds",
                 "Modeled busy time of each card so far.",
+            ),
+            (
+                "afd_expert_balancedness",
+                "Per MoE layer, the mean over cards of a card's expert tokens divided by the largest, over the last 60 s (vLLM's balancedness; 1 is perfectly even).",
             ),
             (
                 "afd_card_up",
@@ -306,6 +323,7 @@ impl Metrics {
             params_n,
             params_max_tokens,
             success,
+            balance: std::sync::Mutex::new(BalanceWindow::new(BALANCE_WINDOW)),
             recorder,
         }
     }
@@ -462,6 +480,7 @@ impl Metrics {
                 self.counter("afd_expert_tokens_total", &[("card", card.to_string())])
                     .absolute(*t);
             }
+            self.balancedness(&afd.expert_tokens_per_layer_card);
         }
         if clock.modeled {
             self.gauge("afd_clock_time_dilation", &[])
@@ -478,6 +497,30 @@ impl Metrics {
                 .set(clock.modeled_step_seconds);
         }
         self.recorder.handle().render()
+    }
+
+    /// Per MoE layer, vLLM's balancedness of the cards' expert tokens over the last
+    /// [`BALANCE_WINDOW`] (a gauge; a layer no token reached in the window keeps its last
+    /// value), each window's value also observed into a histogram over every layer.
+    fn balancedness(&self, per_layer_card: &[Vec<u64>]) {
+        if per_layer_card.is_empty() {
+            return;
+        }
+        let per_layer = self
+            .balance
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .observe(Instant::now(), per_layer_card);
+        let histogram = self
+            .recorder
+            .register_histogram(&Key::from_parts(BALANCEDNESS, self.labels(&[])), &METADATA);
+        for (layer, b) in per_layer.iter().enumerate() {
+            if let Some(b) = b {
+                self.gauge("afd_expert_balancedness", &[("layer", layer.to_string())])
+                    .set(*b);
+                histogram.record(*b);
+            }
+        }
     }
 
     /// Folds recorded histogram samples into their buckets (call now and then, so samples do
@@ -538,6 +581,7 @@ mod tests {
             jetstream_bytes_per_card: vec![100, 200],
             jetstream_bytes_per_layer: vec![7],
             expert_tokens_per_card: vec![3, 4],
+            expert_tokens_per_layer_card: vec![vec![1, 2], vec![], vec![2, 2]],
         };
         let text = m.render(
             &RouterStats::default(),
@@ -554,6 +598,29 @@ mod tests {
         );
         assert!(text.contains("afd_jetstream_bytes_total{model_name=\"tiny\",layer=\"0\"} 7"));
         assert!(text.contains("afd_expert_tokens_total{model_name=\"tiny\",card=\"1\"} 4"));
+        assert!(
+            text.contains("afd_expert_balancedness{model_name=\"tiny\",layer=\"0\"} 0.75"),
+            "{text}"
+        );
+        assert!(text.contains("afd_expert_balancedness{model_name=\"tiny\",layer=\"2\"} 1"));
+        assert!(
+            !text.contains("layer=\"1\"} "),
+            "a dense layer has no balancedness"
+        );
+        m.upkeep();
+        let text = m.render(
+            &RouterStats::default(),
+            Some(&afd),
+            &ClockSnapshot::default(),
+            16,
+        );
+        assert!(
+            text.contains(
+                "afd_expert_balancedness_window_bucket{model_name=\"tiny\",le=\"0.8\"} 1"
+            ),
+            "the first window's 0.75 and 1.0 observed: {text}"
+        );
+        assert!(text.contains("afd_expert_balancedness_window_count{model_name=\"tiny\"} 2"));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! [`AttentionNode`] trait, the micro-batch setting ([`MicroBatches`]), the [`Clock`] serving
 //! reads and what a modeled clock needs of a step ([`clock`]), [`compute::on_own_pool`], which
 //! puts the thread that steps a node at the head of its own compute pool, and
-//! [`compute::run_on_sleeping`], which hands work to another pool while that thread sleeps.
+//! [`compute::run_on_sleeping`], which hands work to another pool while that thread sleeps,
+//! and [`replicas`], the rule that splits a replicated expert's rows over its copies (the
+//! node's dispatcher applies it, the planner's model of a step mirrors it).
 //!
 //! Must not: depend on the numerics or the transport (candle, quinn, tonic) or on any afd crate
 //! but `model`'s light part (its sampling parameters), so that the router and the HTTP server
@@ -20,6 +22,7 @@
 pub mod clock;
 pub mod compute;
 pub mod health;
+pub mod replicas;
 
 pub use clock::{Clock, StepRouting, StepTimer, WallClock};
 pub use health::{CardHealth, CardState, HealthSource, NodeHealth};

@@ -328,6 +328,28 @@ impl LayerCosts {
         t
     }
 
+    /// The rows of one expert whose arithmetic takes as long as computing one row does in all
+    /// (the weight pass, the fixed latencies and the row's own work): the break-even the
+    /// dispatcher splits a replicated expert's rows at ([`rows_per_weight_read`]). `u32::MAX`
+    /// where an expert's time does not grow with its rows up to the program's `max_tokens`
+    /// (never worth splitting), or the layer has no experts.
+    pub fn rows_per_weight_read(&mut self, program: &Program) -> u32 {
+        if self.groups.len() < 2 || program.max_tokens < 2 {
+            return u32::MAX;
+        }
+        // The per-row slope where it is steepest-known: over the upper half of the rows a
+        // call can carry (compute bound there if anywhere).
+        let top = program.max_tokens;
+        let half = top / 2;
+        let at = |costs: &mut Self, rows: usize| costs.group_time(program, 1, rows).seconds;
+        let per_row = (at(self, top) - at(self, half)) / (top - half) as f64;
+        let one = at(self, 1);
+        if per_row <= one * 1e-9 {
+            return u32::MAX;
+        }
+        (one / per_row).round().clamp(1.0, f64::from(u32::MAX - 1)) as u32
+    }
+
     /// The layer's time under `load` (the same program the table was made of).
     pub fn time(&mut self, program: &Program, load: &LayerLoad) -> LayerTime {
         let mut t = self.group_time(program, 0, load.tokens);
@@ -341,6 +363,16 @@ impl LayerCosts {
         }
         t
     }
+}
+
+/// Per layer of `program`, the rows one pass over an expert's weights is worth
+/// ([`LayerCosts::rows_per_weight_read`]; `u32::MAX` for a dense layer): what the card tells
+/// the attention node so its dispatcher splits a hot replicated expert's rows only where that
+/// pays.
+pub fn rows_per_weight_read(program: &Program) -> Vec<u32> {
+    (0..program.layers.len())
+        .map(|l| LayerCosts::new(program, l).rows_per_weight_read(program))
+        .collect()
 }
 
 /// Modeled time of layer `layer` under `load`.

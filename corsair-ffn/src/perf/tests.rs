@@ -614,3 +614,38 @@ fn the_table_by_count_times_layers_as_layer_time_does() {
         }
     }
 }
+
+#[test]
+fn a_weight_pass_is_worth_the_rows_whose_arithmetic_takes_as_long() {
+    let p = program();
+    let per_layer = rows_per_weight_read(&p);
+    assert_eq!(per_layer.len(), p.layers.len());
+    for (layer, &got) in per_layer.iter().enumerate() {
+        let moe = matches!(p.layers[layer].kind, LayerKind::Moe { .. });
+        if !moe {
+            assert_eq!(got, u32::MAX, "layer {layer} has no experts");
+            continue;
+        }
+        // Expert 0's own time at `r` rows, from whole-layer times.
+        let own = |r: usize| {
+            let at = |rows: usize| {
+                layer_time(
+                    &p,
+                    layer,
+                    &LayerLoad {
+                        tokens: 0,
+                        expert_rows: vec![rows, 0],
+                    },
+                )
+                .seconds
+            };
+            at(r) - at(0)
+        };
+        let half = MAX_TOKENS / 2;
+        let slope = (own(MAX_TOKENS) - own(half)) / (MAX_TOKENS - half) as f64;
+        assert!(slope > 0.0, "the arithmetic grows with the rows");
+        assert_eq!(got, (own(1) / slope).round() as u32, "layer {layer}");
+        // One row waits on the weights (more than one row's worth of arithmetic).
+        assert!(got > 1, "layer {layer}: {got}");
+    }
+}

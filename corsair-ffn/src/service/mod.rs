@@ -124,6 +124,9 @@ pub(crate) struct Shard {
     pub bytes_out: AtomicU64,
     pub compute_seconds: Mutex<f64>,
     pub summary: String,
+    /// Per layer, the rows one pass over an expert's weights is worth on this card
+    /// ([`crate::perf::rows_per_weight_read`]), reported to every node that attaches.
+    pub rows_per_weight_read: Vec<u32>,
 }
 
 /// The worker serving one attention node's inbox.
@@ -319,6 +322,7 @@ impl CardHost {
             s.weight_cores,
             crate::report::human_bytes(s.spilled_bytes)
         );
+        let rows_per_weight_read = crate::perf::rows_per_weight_read(&compiled.program);
         let weights = ModelWeights::load_with(
             dir,
             &LoadOptions {
@@ -349,6 +353,7 @@ impl CardHost {
             bytes_out: AtomicU64::new(0),
             compute_seconds: Mutex::new(0.0),
             summary,
+            rows_per_weight_read,
         })
     }
 
@@ -445,7 +450,10 @@ impl CardHost {
             retired.retain(|w| !w.thread.is_finished());
             retired.push(old);
         }
-        let program = self.loaded().map(|s| s.summary.clone());
+        let (program, rows_per_weight_read) = self
+            .loaded()
+            .map(|s| (s.summary.clone(), s.rows_per_weight_read.clone()))
+            .unwrap_or_default();
         Ok(LoadShardReply {
             inbox: Some(RegionDescriptor {
                 node: descriptor.node,
@@ -455,8 +463,9 @@ impl CardHost {
             }),
             card_node: self.transport.node().to_owned(),
             card_data_addr: self.data_addr().unwrap_or_default(),
-            program_summary: program.unwrap_or_default(),
+            program_summary: program,
             incarnation: self.incarnation,
+            rows_per_weight_read,
         })
     }
 

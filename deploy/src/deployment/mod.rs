@@ -126,6 +126,9 @@ impl Deployment {
         if let Some(p) = self.transport.tls_dir.as_mut() {
             join(p);
         }
+        if let Some(p) = self.cards.expert_load.as_mut() {
+            join(p);
+        }
         for profile in [
             &mut self.attention.profile,
             &mut self.cards.profile,
@@ -201,6 +204,42 @@ impl Deployment {
             return bad(
                 "attention.reply_timeout_s",
                 "must be a positive number of seconds".into(),
+            );
+        }
+        match (c.placement, &c.expert_load) {
+            (PlacementPolicy::Load, None) => {
+                return bad(
+                    "cards.placement",
+                    "= \"load\" needs `cards.expert_load`: a routing record (`afd serve \
+                     --record-routing FILE` writes one)"
+                        .into(),
+                );
+            }
+            (PlacementPolicy::Contiguous, Some(_)) => {
+                return bad(
+                    "cards.expert_load",
+                    "is only read with `cards.placement = \"load\"`: set that, or remove it".into(),
+                );
+            }
+            (PlacementPolicy::Load, Some(_))
+                if !c.replicas.is_empty()
+                    || c.replicate_experts != planner::ReplicateExperts::Auto =>
+            {
+                return bad(
+                    "cards.replicas",
+                    "and `cards.replicate_experts` do not apply with `cards.placement = \"load\"`, \
+                     which places its own copies: use `cards.num_redundant_experts`"
+                        .into(),
+                );
+            }
+            _ => {}
+        }
+        if c.placement == PlacementPolicy::Contiguous && c.num_redundant_experts > 0 {
+            return bad(
+                "cards.num_redundant_experts",
+                "is only used with `cards.placement = \"load\"`: set that, or use \
+                 `cards.replicate_experts` for copies of every expert"
+                    .into(),
             );
         }
         let drain = self.server.shutdown_timeout;
@@ -354,6 +393,13 @@ impl Deployment {
         config.allow_spill = c.allow_spill;
         config.replicas = c.listed_replicas();
         config.replicate_experts = c.replicate_experts;
+        config.expert_load = match (c.placement, &c.expert_load) {
+            (PlacementPolicy::Load, Some(record)) => Some(crate::load_placement::LoadPlacement {
+                record: record.clone(),
+                num_redundant_experts: c.num_redundant_experts,
+            }),
+            _ => None,
+        };
         config.card_threads = c.card_threads;
         config.card_cpu_mask = c.cpu_mask;
         config.profile = self.card_profile()?;

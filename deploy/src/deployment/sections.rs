@@ -131,6 +131,10 @@ pub enum PlacementPolicy {
     /// 3, 3, 2); the LM head split by vocabulary rows.
     #[default]
     Contiguous,
+    /// By measured load (`expert_load`, a routing record), with `num_redundant_experts`
+    /// extra copies of the hottest experts, packed so the cards' loads are even (DeepSeek's
+    /// EPLB; docs/PLANNING.md). Replaces `replicas` and `replicate_experts`.
+    Load,
 }
 
 /// A replica of a hot expert on the card after its primary.
@@ -154,8 +158,14 @@ pub struct CardsSection {
     /// Hardware profile: `corsair` (built in, `corsair-ffn/profiles/corsair.toml`) or the path
     /// of a profile TOML relative to this file. Default `corsair`.
     pub profile: String,
-    /// How experts are spread over the cards: `contiguous`. Default `contiguous`.
+    /// How experts are spread over the cards: `contiguous` or `load`. Default `contiguous`.
     pub placement: PlacementPolicy,
+    /// The routing record `placement = "load"` places by (`afd serve --record-routing`),
+    /// relative to this file. Default: none.
+    pub expert_load: Option<PathBuf>,
+    /// Extra expert copies per MoE layer with `placement = "load"` (vLLM's name). Default 0:
+    /// one copy of each expert, packed by load.
+    pub num_redundant_experts: usize,
     /// Extra copies of hot experts, e.g. `[{ expert = 3 }, { layer = 0, expert = 7 }]`.
     /// Default: none.
     pub replicas: Vec<ReplicaSpec>,
@@ -201,6 +211,8 @@ impl Default for CardsSection {
             count: 2,
             profile: "corsair".into(),
             placement: PlacementPolicy::Contiguous,
+            expert_load: None,
+            num_redundant_experts: 0,
             replicas: Vec::new(),
             replicate_experts: planner::ReplicateExperts::Auto,
             allow_spill: false,

@@ -241,3 +241,29 @@ fn replicate_experts_adds_a_copy_of_every_expert_to_the_listed_replicas() {
         }
     }
 }
+
+#[test]
+fn placement_by_load_needs_its_record_and_replaces_the_other_copies() {
+    let d = parse(
+        "[cards]\nplacement = \"load\"\nexpert_load = \"routing.json\"\nnum_redundant_experts = 4\n",
+    )
+    .unwrap();
+    assert_eq!(d.cards.placement, PlacementPolicy::Load);
+    assert_eq!(
+        d.cards.expert_load.as_deref(),
+        Some(Path::new("/deployments/routing.json"))
+    );
+    assert_eq!(d.cards.num_redundant_experts, 4);
+    for (text, key) in [
+        ("placement = \"load\"\n", "cards.placement"),
+        ("expert_load = \"r.json\"\n", "cards.expert_load"),
+        ("num_redundant_experts = 2\n", "cards.num_redundant_experts"),
+        (
+            "placement = \"load\"\nexpert_load = \"r.json\"\nreplicate_experts = true\n",
+            "cards.replicas",
+        ),
+    ] {
+        let e = parse(&format!("[cards]\n{text}")).unwrap_err().to_string();
+        assert!(e.contains(key), "{text}: {e}");
+    }
+}

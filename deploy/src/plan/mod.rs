@@ -128,16 +128,7 @@ pub fn plan_deployment_by_load(
 ) -> Result<planner::LoadPlan> {
     let (config, stored) = model_shape(d)?;
     let profiles = load_profiles(d)?;
-    let counts = emulate::record::RoutingCounts::read(record)
-        .and_then(|c| {
-            let experts = config.moe.map_or(0, |m| m.num_experts);
-            c.check_shape(config.num_layers(), experts, record)?;
-            Ok(c)
-        })
-        .map_err(|e| Error::Config(e.to_string()))?;
-    let load = planner::balance::ExpertLoad {
-        layers: (0..counts.layers).map(|l| counts.totals(l)).collect(),
-    };
+    let load = crate::load_placement::read_load(&config, record)?;
     planner::plan_by_load(
         &target(d),
         &config,

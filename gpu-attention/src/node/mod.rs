@@ -159,6 +159,9 @@ pub struct NodeStats {
     pub solo_layers: u64,
     /// Steps run as two micro-batches.
     pub two_micro_batch_steps: u64,
+    /// Layer dispatches of one micro-batch that split a replicated expert's rows over two or
+    /// more of its copies (counted once per expert).
+    pub split_experts: u64,
 }
 
 /// The attention node: attention and KV cache here, experts on the cards.
@@ -258,6 +261,12 @@ impl DisaggregatedNode {
     /// Where the node computes.
     pub fn device(&self) -> AttentionDevice {
         self.node.device
+    }
+
+    /// Per layer, the rows one pass over an expert's weights is worth, as the cards reported
+    /// it (`u32::MAX`: a replicated expert's rows are never split there).
+    pub fn rows_per_weight_read(&self) -> Vec<u32> {
+        self.layout.placement.rows_per_weight_read().to_vec()
     }
 
     /// Counters so far.

@@ -226,6 +226,7 @@ impl DisaggregatedNode {
                 }
                 let keys: Vec<u64> = mb.positions.iter().map(|&p| p as u64).collect();
                 let plan = plan_dispatch(&routing, layer, &self.active.placement, &keys);
+                self.stats.split_experts += plan.split_experts as u64;
                 self.trace.end(span, "attention", layer, m);
                 let span = self.trace.begin();
                 let mut cards = Vec::new();

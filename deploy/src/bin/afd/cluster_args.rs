@@ -66,6 +66,15 @@ pub struct NodeArgs {
     /// Deployment-file key: `cards.replicate_experts`.
     #[arg(long, default_value = "auto", num_args = 0..=1, default_missing_value = "true")]
     pub replicate_experts: ReplicateExperts,
+    /// Place the experts by the load this routing record measured (`--record-routing` of an
+    /// earlier run), as DeepSeek's EPLB does; replaces --replicate-experts. Deployment-file
+    /// keys: `cards.placement = "load"`, `cards.expert_load`.
+    #[arg(long, value_name = "FILE")]
+    pub expert_load: Option<PathBuf>,
+    /// With --expert-load: extra expert copies per MoE layer, each to the expert with the most
+    /// load per copy (vLLM's name). Deployment-file key: `cards.num_redundant_experts`.
+    #[arg(long, default_value_t = 0, requires = "expert_load")]
+    pub num_redundant_experts: usize,
     /// Keep the attention node's weights in the memory-mapped checkpoint (4 KB page-cache
     /// pages) instead of copying them into transparent huge pages at load, which its CPU
     /// kernels stream faster. Deployment-file key: `model.huge_pages = false`.
@@ -128,6 +137,13 @@ impl NodeArgs {
         c.activation_dtype = self.activation_dtype;
         c.allow_spill = self.allow_spill;
         c.replicate_experts = self.replicate_experts;
+        c.expert_load =
+            self.expert_load
+                .as_ref()
+                .map(|record| deploy::load_placement::LoadPlacement {
+                    record: record.clone(),
+                    num_redundant_experts: self.num_redundant_experts,
+                });
         c.huge_pages = !self.no_huge_pages;
         c.node.reply_timeout = std::time::Duration::from_secs_f64(self.reply_timeout.max(0.001));
         c.node.micro_batches = self.micro_batches;

@@ -32,6 +32,7 @@ pub struct PlanArgs {
     /// Also place the experts by the load this routing record measured (`afd serve
     /// --record-routing FILE`, `afd emulate --routing model --record-routing FILE`): the
     /// balancedness and the cards' modeled decode step with the file's placement and by load.
+    /// Default: the file's `cards.expert_load` where it sets `placement = "load"`.
     #[arg(long, value_name = "FILE")]
     expert_load: Option<PathBuf>,
     /// With --expert-load: extra copies per MoE layer, each to the expert with the most load
@@ -60,12 +61,14 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     d.validate()
         .with_context(|| format!("{} with the flags given", args.file.display()))?;
     let plan = plan_deployment(&d)?;
-    let by_load = match &args.expert_load {
-        Some(record) => Some(plan_deployment_by_load(
-            &d,
-            record,
-            args.num_redundant_experts,
-        )?),
+    // The flag, or the file's own `placement = "load"` (reported beside the contiguous plan).
+    let load = match (&args.expert_load, &d.cards.expert_load) {
+        (Some(record), _) => Some((record.clone(), args.num_redundant_experts)),
+        (None, Some(record)) => Some((record.clone(), d.cards.num_redundant_experts)),
+        (None, None) => None,
+    };
+    let by_load = match &load {
+        Some((record, redundant)) => Some(plan_deployment_by_load(&d, record, *redundant)?),
         None => None,
     };
     if args.json {

@@ -239,12 +239,25 @@ struct ClusterStats {
 impl AfdStatsSource for ClusterStats {
     fn snapshot(&self) -> AfdStats {
         let cards: Vec<_> = self.cards.iter().map(|c| c.stats()).collect();
+        let layers = cards
+            .iter()
+            .map(|c| c.expert_tokens.len())
+            .max()
+            .unwrap_or(0);
         AfdStats {
             card_modeled_seconds: cards.iter().map(|c| c.modeled_seconds).collect(),
             jetstream_bytes_per_card: cards.iter().map(|c| c.bytes_in + c.bytes_out).collect(),
             // Not measured per layer yet: the attention node's fabric counts totals only.
             jetstream_bytes_per_layer: Vec::new(),
             expert_tokens_per_card: cards.iter().map(|c| c.expert_tokens.iter().sum()).collect(),
+            expert_tokens_per_layer_card: (0..layers)
+                .map(|layer| {
+                    cards
+                        .iter()
+                        .map(|c| c.expert_tokens.get(layer).copied().unwrap_or(0))
+                        .collect()
+                })
+                .collect(),
         }
     }
 }
