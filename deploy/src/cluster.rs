@@ -312,7 +312,7 @@ pub fn connect_node(
         NodeTransport::Inproc(t) => (t, None),
     };
     let names: Vec<String> = (0..config.cards).map(card_name).collect();
-    let mut fabric = JetstreamFabric::new(dyn_transport.clone(), runtime, names, sizes)?;
+    let mut fabric = JetstreamFabric::new(dyn_transport.clone(), runtime.clone(), names, sizes)?;
     let reply = fabric.reply_region();
     let data_addr = match &quic {
         Some(q) => q.local_addr()?.to_string(),
@@ -396,7 +396,11 @@ pub fn connect_node(
         Box::new(fabric),
         config.node.clone(),
     )?;
-    watch_cards(&node.board(), watched, quic.as_ref(), config.watch)?;
+    let link = quic.as_ref().map(|quic| crate::watch::NodeLink {
+        quic,
+        runtime: &runtime,
+    });
+    watch_cards(&node.board(), watched, link, config.watch)?;
     Ok(node)
 }
 

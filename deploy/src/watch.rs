@@ -2,7 +2,9 @@
 //! control plane for its health a few times a second and reports what it learns; when the
 //! board asks for it (a card that was down answers again, or restarted), the thread loads the
 //! card's shard again with the request the node first connected with, points the node's
-//! transport at the card's new data address, and hands the new inbox to the board.
+//! transport at the card's new data address, dials it there, and only then hands the new inbox
+//! to the board: a step after the card is marked up finds the path open (a rejoin that handed
+//! the inbox over first once raced the dial and answered one request 503).
 //!
 //! The threads hold the board weakly and stop once the node is gone.
 
@@ -10,7 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use gpu_attention::cards::{Action, CardBoard, Heartbeat};
-use jetstream::QuicTransport;
+use jetstream::{EndpointRuntime, QuicTransport, Transport};
 use proto::control::{HealthReply, LoadShardRequest};
 
 use crate::cluster::CardControl;
@@ -25,6 +27,9 @@ pub struct WatchConfig {
     /// [`gpu_attention::cards::MISSES_TO_DOWN`] in a row is down (one that cannot be reached
     /// at all is down at once).
     pub timeout: Duration,
+    /// How long a rejoin may take to dial the card's data address before it counts as failed
+    /// (and is tried again at the next heartbeat).
+    pub rejoin_dial: Duration,
 }
 
 impl Default for WatchConfig {
@@ -32,6 +37,7 @@ impl Default for WatchConfig {
         WatchConfig {
             interval: Duration::from_millis(200),
             timeout: Duration::from_millis(400),
+            rejoin_dial: Duration::from_secs(5),
         }
     }
 }
@@ -53,13 +59,21 @@ pub struct WatchedCard {
     pub request: LoadShardRequest,
 }
 
+/// The node's QUIC transport and the runtime that drives it: what a rejoin renews and dials.
+pub struct NodeLink<'a> {
+    /// The transport.
+    pub quic: &'a Arc<QuicTransport>,
+    /// Its endpoint's runtime.
+    pub runtime: &'a Arc<EndpointRuntime>,
+}
+
 /// Starts one thread per card of `board`, each running until the board is dropped (with the
-/// node and whoever reads its health). `quic` is the node's transport, whose address book and
+/// node and whoever reads its health). `link` is the node's transport, whose address book and
 /// connection to a card are renewed when the card rejoins (`None`: in-process).
 pub fn watch_cards(
     board: &Arc<CardBoard>,
     cards: Vec<WatchedCard>,
-    quic: Option<&Arc<QuicTransport>>,
+    link: Option<NodeLink<'_>>,
     config: WatchConfig,
 ) -> Result<()> {
     for (index, card) in cards.into_iter().enumerate() {
@@ -67,7 +81,9 @@ pub fn watch_cards(
             index,
             card,
             board: Arc::downgrade(board),
-            quic: quic.map(Arc::downgrade),
+            quic: link
+                .as_ref()
+                .map(|l| (Arc::downgrade(l.quic), l.runtime.clone())),
             config,
         };
         std::thread::Builder::new()
@@ -82,7 +98,7 @@ struct Watcher {
     index: usize,
     card: WatchedCard,
     board: Weak<CardBoard>,
-    quic: Option<Weak<QuicTransport>>,
+    quic: Option<(Weak<QuicTransport>, Arc<EndpointRuntime>)>,
     config: WatchConfig,
 }
 
@@ -120,7 +136,11 @@ impl Watcher {
         let Some(inbox) = answer.inbox else {
             return board.rejoin_failed(card, "the card returned no inbox");
         };
-        if let Some(quic) = self.quic.as_ref().and_then(Weak::upgrade) {
+        if let Some((quic, runtime)) = self
+            .quic
+            .as_ref()
+            .and_then(|(q, r)| q.upgrade().map(|q| (q, r)))
+        {
             match answer.card_data_addr.parse() {
                 Ok(addr) => quic.add_peer(answer.card_node.clone(), addr),
                 Err(e) => {
@@ -131,6 +151,19 @@ impl Watcher {
             // The old connection may still look open (a killed process sends no close): the
             // next write must dial the card where it is now.
             quic.reset_peer(&answer.card_node);
+            let dial = runtime.block_on(async {
+                tokio::time::timeout(self.config.rejoin_dial, quic.connect(&answer.card_node)).await
+            });
+            let why = match dial {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("no answer within {:?}", self.config.rejoin_dial)),
+            };
+            if let Some(why) = why {
+                // The next heartbeat asks for the rejoin again.
+                let why = format!("cannot dial the card at {}: {why}", answer.card_data_addr);
+                return board.rejoin_failed(card, &why);
+            }
         }
         board.rejoined(
             card,
