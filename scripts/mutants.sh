@@ -11,7 +11,7 @@
 # (mutants are built in the tree itself, reusing its target folder, instead of in a copy that
 # is built from nothing first).
 #
-# Each area's results go to target/mutants/AREA/mutants.out (caught.txt, missed.txt,
+# Each area's results go to target/mutation/AREA/mutants.out (caught.txt, missed.txt,
 # timeout.txt, unviable.txt); the last line printed per area is its score:
 # caught (timeouts count as caught: the mutant made the tests hang) over caught + missed
 # (mutants that do not build are left out).
@@ -32,7 +32,8 @@ area() {
     proto) pkg=proto; files=(proto/src/data/codec.rs proto/src/data/mod.rs); tests=() ;;
     router) pkg=router; files=(router/src/scheduler/mod.rs router/src/scheduler/block_manager.rs
       router/src/scheduler/request.rs); tests=(--lib) ;;
-    step) pkg=step; files=(step/src/lib.rs step/src/clock.rs step/src/health.rs); tests=() ;;
+    step) pkg=step; files=(step/src/lib.rs step/src/clock.rs step/src/health.rs step/src/replicas.rs)
+      tests=() ;;
     merge-dispatch) pkg=gpu-attention; files=(gpu-attention/src/merge/mod.rs
       gpu-attention/src/merge/filtered.rs gpu-attention/src/dispatch.rs); tests=(--lib) ;;
     compiler) pkg=corsair-ffn; files=(corsair-ffn/src/compiler/mod.rs corsair-ffn/src/compiler/emit.rs
@@ -45,16 +46,20 @@ area() {
   esac
 }
 
+# The profile's incremental builds, whatever the caller's environment says.
+export CARGO_INCREMENTAL=1
+
 areas=("$@")
 [ ${#areas[@]} -gt 0 ] || areas=(proto router step merge-dispatch compiler sanitizer jetstream-codec)
 for a in "${areas[@]}"; do area "$a"; done # every name checked before hours of work start
-mkdir -p target/mutants
+mkdir -p target/mutation
 failed=0
 
 for a in "${areas[@]}"; do
   area "$a"
-  args=(--package "$pkg" --test-package "$pkg" --output "target/mutants/$a" --no-shuffle
-    --timeout 300 --build-timeout 900)
+  # The `mutants` profile (Cargo.toml): incremental, the crate under test at a low opt-level.
+  args=(--package "$pkg" --test-package "$pkg" --output "target/mutation/$a" --no-shuffle
+    --timeout 300 --build-timeout 900 --profile mutants)
   for f in "${files[@]}"; do args+=(--file "$f"); done
   for t in "${tests[@]}"; do args+=(--cargo-test-arg "$t"); done
   # shellcheck disable=SC2206 # word splitting of the extra options is wanted
@@ -63,7 +68,7 @@ for a in "${areas[@]}"; do
   started=$SECONDS
   # Exits non-zero when a mutant survives; the score below says how many.
   cargo mutants "${args[@]}" || true
-  out="target/mutants/$a/mutants.out"
+  out="target/mutation/$a/mutants.out"
   count() { [ -f "$out/$1.txt" ] && wc -l <"$out/$1.txt" || echo 0; }
   caught=$(($(count caught) + $(count timeout)))
   missed=$(count missed)

@@ -360,3 +360,31 @@ fn afd_up_no_restart_stops_everything_and_fails_naming_a_card_that_died() {
         assert!(!alive(*pid), "{name} (pid {pid}) is still running");
     }
 }
+
+#[test]
+fn a_killed_afd_up_leaves_no_private_key_behind() {
+    let mut up = Up::start(&tiny());
+    let line = up.wait_for("TLS material in ", Duration::from_secs(120));
+    let certs = std::path::PathBuf::from(line.split_once("TLS material in ").unwrap().1.trim());
+    assert!(
+        std::fs::read_dir(&certs).unwrap().any(|e| e
+            .unwrap()
+            .path()
+            .to_string_lossy()
+            .contains("key")),
+        "the folder held keys while afd up ran: {}",
+        certs.display()
+    );
+    // SIGKILL: the launcher runs no code of its own.
+    up.child.kill().unwrap();
+    up.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while certs.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} outlived the killed afd up by 10 s",
+            certs.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

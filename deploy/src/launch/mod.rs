@@ -113,6 +113,65 @@ async fn stop_requested() -> libc::c_int {
     sig
 }
 
+/// Starts a small shell that removes `dir` when this process dies, by any means (the kernel
+/// sends it SIGTERM then: `PR_SET_PDEATHSIG`, set before exec, fires when the spawning thread
+/// exits, so call this from the thread that outlives the launch). Dropping the handle stops it.
+#[cfg(target_os = "linux")]
+fn remove_when_this_process_dies(dir: &std::path::Path) -> Result<ReaperGuard> {
+    use std::os::unix::process::CommandExt;
+    // `sleep & wait`: a trapped signal interrupts `wait` at once, not after the sleep.
+    let script = r#"trap 'rm -rf -- "$0"; kill $! 2>/dev/null; exit 0' TERM
+while :; do sleep 3600 & wait; done"#;
+    let parent = std::process::id();
+    let mut command = std::process::Command::new("/bin/sh");
+    command
+        .arg("-c")
+        .arg(script)
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid only set or read attributes of the calling
+    // process; both are async-signal-safe, as required between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != parent {
+                return Err(std::io::Error::other("the launcher exited while starting"));
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn().map_err(Error::system(
+        "cannot start the shell that removes the certificate folder if afd up is killed",
+    ))?;
+    Ok(ReaperGuard(Some(child)))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn remove_when_this_process_dies(_dir: &std::path::Path) -> Result<ReaperGuard> {
+    Ok(ReaperGuard(None))
+}
+
+/// The reaper shell (none off Linux); stopped with SIGTERM when dropped, so that it removes
+/// the folder (already gone by then) and exits.
+struct ReaperGuard(Option<std::process::Child>);
+
+impl Drop for ReaperGuard {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            // SAFETY: kill(2) has no memory effects; the child is not reaped yet, so its pid
+            // is still its own.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Loads the deployment, makes TLS material when the file names none, and runs every process
 /// until Ctrl-C / SIGTERM (then `Ok`) or until one of them dies (then `Err` naming it).
 pub fn launch(options: &UpOptions) -> Result<Ended> {
@@ -130,8 +189,12 @@ pub fn launch(options: &UpOptions) -> Result<Ended> {
                 .prefix("afd-up-certs-")
                 .tempdir()
                 .map_err(Error::system("cannot make a folder for certificates"))?;
+            // Private keys: the folder goes with the launcher however it ends. Drop removes it
+            // on a return (Ctrl-C and SIGTERM return too); a reaper removes it when the
+            // launcher is killed outright, which runs no code of its own.
+            let reaper = remove_when_this_process_dies(scratch.path())?;
             jetstream::write_cluster(scratch.path(), &addresses.tls_names())?;
-            (scratch.path().to_path_buf(), Some(scratch))
+            (scratch.path().to_path_buf(), Some((scratch, reaper)))
         }
     };
     let plan = plan::plan(
