@@ -233,3 +233,6 @@ pub trait AttentionNode: Send {
         None
     }
 }
+
+#[cfg(test)]
+mod tests;

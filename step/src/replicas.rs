@@ -85,11 +85,11 @@ pub fn split_rows(input: SplitInput<'_>) -> Vec<Vec<RowShare>> {
     replicated.sort_by_key(|&e| (std::cmp::Reverse(rows[e]), e));
     for e in replicated {
         let h = &holders[e];
-        let start = (keys.get(e).copied().unwrap_or(0) % h.len() as u64) as usize;
+        let key = keys.get(e).copied().unwrap_or(0);
         // Holders least loaded first; ties from the one the key points at.
         let mut order: Vec<(u64, usize, usize)> = (0..h.len())
             .map(|i| {
-                let card = h[(start + i) % h.len()];
+                let card = h[(key.wrapping_add(i as u64) % h.len() as u64) as usize];
                 (load.get(card).copied().unwrap_or(u64::MAX), i, card)
             })
             .collect();
@@ -121,23 +121,19 @@ fn fill(loads: &[u64], c: u64, n: u64) -> Vec<u64> {
         let even = sum.saturating_add(n).div_ceil(j as u64 + 1);
         level = level.min(l.saturating_add(c).max(even));
     }
+    // The least loaded copies up to the one that set `level` can take every row under it, each
+    // room for at least `c >= 1` rows: filling them in order uses the fewest copies.
     let mut left = n;
     let mut given = Vec::new();
     for &l in loads {
-        // The first copy always fits (`level` is at most its `max(l + c, l + n)`); a later one
-        // that cannot take a row without passing `level` ends the fill, as all after it would.
-        let room = level.saturating_sub(l);
-        if left == 0 || (!given.is_empty() && l.saturating_add(c) > level) {
+        if left == 0 {
             break;
         }
-        let take = left.min(room.max(1));
+        let take = left.min(level.saturating_sub(l));
         given.push(take);
         left -= take;
     }
-    if let (Some(last), true) = (given.last_mut(), left > 0) {
-        // Unreachable when the level is right; never lose a row if it is not.
-        *last += left;
-    }
+    debug_assert_eq!(left, 0, "the level holds every row");
     given
 }
 

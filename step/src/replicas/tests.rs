@@ -168,3 +168,27 @@ fn ties_go_to_the_holder_the_key_points_at_and_loads_decide_first() {
     // Card 2 computes expert 1: the key's pick is passed over for the next idle holder.
     assert_eq!(go(5, [1, 3])[0], vec![RowShare { card: 0, rows: 1 }]);
 }
+
+#[test]
+fn an_expert_no_card_holds_gets_no_share() {
+    let holders = vec![vec![], vec![0, 1]];
+    let shares = split_rows(SplitInput {
+        holders: &holders,
+        rows: &[3, 2],
+        keys: &[0, 0],
+        cards: 2,
+        rows_per_weight_read: 1,
+    });
+    assert!(shares[0].is_empty());
+    assert_eq!(shares[1].iter().map(|s| s.rows).sum::<usize>(), 2);
+}
+
+#[test]
+fn balancedness_is_the_mean_over_the_largest() {
+    assert_eq!(balancedness(&[2.0, 4.0]), 0.75);
+    assert_eq!(balancedness(&[3.0, 3.0, 3.0]), 1.0);
+    assert_eq!(balancedness(&[0.0, 0.0, 6.0]), 1.0 / 3.0);
+    // Nothing to balance: even.
+    assert_eq!(balancedness(&[0.0, 0.0]), 1.0);
+    assert_eq!(balancedness(&[]), 1.0);
+}
