@@ -36,6 +36,7 @@ pub mod sse;
 pub mod state;
 pub mod stop;
 pub mod tokenize;
+pub mod tool_parsing;
 pub mod validation;
 
 use std::future::Future;
