@@ -37,6 +37,7 @@ pub mod state;
 pub mod stop;
 pub mod tokenize;
 pub mod tool_parsing;
+pub mod tools;
 pub mod validation;
 
 use std::future::Future;

@@ -84,19 +84,23 @@ impl HarmonyParser {
     /// Where the body of a message with `header` goes.
     fn body_for(&mut self, header: &str) -> (Body, Option<ParseEvent>) {
         let fields = HeaderFields::parse(header);
-        if let Some(name) = fields
+        let function = fields
             .recipient
             .as_deref()
-            .and_then(|r| r.strip_prefix("functions."))
-            .filter(|_| self.tools)
-        {
-            let index = self.calls;
-            self.calls += 1;
-            let start = ParseEvent::ToolCallStart {
-                index,
-                name: name.to_string(),
-            };
-            return (Body::ToolCall(index), Some(start));
+            .and_then(|r| r.strip_prefix("functions."));
+        match function {
+            Some(name) if self.tools => {
+                let index = self.calls;
+                self.calls += 1;
+                let start = ParseEvent::ToolCallStart {
+                    index,
+                    name: name.to_string(),
+                };
+                return (Body::ToolCall(index), Some(start));
+            }
+            // Calls not parsed (`tool_choice: "none"`) are returned as text.
+            Some(_) => return (Body::Content, None),
+            None => {}
         }
         // Built-in tools' calls (`to=browser.search`, `to=python`) are the model's own work,
         // as its analysis is.
@@ -292,6 +296,13 @@ mod tests {
         assert_eq!(out.reasoning, "");
         assert_eq!(out.content, "Need the weather.{\"city\":\"Paris\"}");
         assert!(out.tool_calls.is_empty());
+        let mut p = HarmonyParser::new("<|start|>assistant", true, false);
+        let out = parse_whole(&mut p, TOOL_TURN);
+        assert_eq!(out.reasoning, "Need the weather.");
+        assert_eq!(
+            out.content, "{\"city\":\"Paris\"}",
+            "calls not parsed are text"
+        );
     }
 
     #[test]

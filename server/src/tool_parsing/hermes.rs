@@ -57,7 +57,7 @@ enum HeadMatch {
 /// Reads `{ "name" : "NAME" , "arguments" :` and the whitespace after it.
 fn match_head(body: &str) -> HeadMatch {
     let mut rest = body;
-    let mut expect = |token: &str, rest: &mut &str| -> Option<bool> {
+    let expect = |token: &str, rest: &mut &str| -> Option<bool> {
         let t = rest.trim_start();
         if t.is_empty() {
             return None;
