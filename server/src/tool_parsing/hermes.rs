@@ -62,8 +62,8 @@ fn match_head(body: &str) -> HeadMatch {
         if t.is_empty() {
             return None;
         }
-        if t.starts_with(token) {
-            *rest = &t[token.len()..];
+        if let Some(after) = t.strip_prefix(token) {
+            *rest = after;
             Some(true)
         } else if token.starts_with(t) {
             None
