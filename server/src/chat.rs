@@ -16,11 +16,14 @@ use crate::generation::{self, ChoiceDelta, ChoiceEvent, ChoiceSpec, GenerationSp
 use crate::http::body::JsonBody;
 use crate::protocol::chat::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatLogprobEntry, ChatLogprobs, ChatMessage, TopLogprob,
+    ChatCompletionResponse, ChatDelta, ChatLogprobEntry, ChatLogprobs, ChatMessage, FunctionCall,
+    FunctionCallDelta, ToolCall, ToolCallDelta, TopLogprob,
 };
 use crate::protocol::{Usage, random_id, unix_now};
 use crate::sse::{ChunkWriter, json_event, stream_response};
 use crate::state::AppState;
+use crate::tool_parsing::{OutputParser, ParseEvent, ParsedOutput, coalesce};
+use crate::tools::{prepare_tool_turns, resolve_tool_use, uses_tools};
 use crate::validation::{resolve_max_tokens, validate_common};
 
 /// The handler.
@@ -45,10 +48,20 @@ pub fn render_prompt(
     messages: &[ChatMessage],
     options: &RenderOptions,
 ) -> Result<String, ApiError> {
-    let messages: Vec<Value> = normalize_messages(messages)?;
+    let mut messages: Vec<Value> = normalize_messages(messages)?;
+    prepare_tool_turns(&mut messages)?;
     match &state.chat {
+        // A GPT-OSS template that cannot render tool turns would drop them: harmony's own
+        // layout, which the model was trained on, renders them instead.
+        ChatFormat::Template(t)
+            if state.family == Some(model::Family::GptOss)
+                && !t.renders_tool_calls()
+                && uses_tools(&messages, &options.extra) =>
+        {
+            render_harmony(&messages, options)
+        }
         ChatFormat::Template(t) => t.render(&messages, options),
-        ChatFormat::Harmony => Ok(render_harmony(&messages, options)),
+        ChatFormat::Harmony => render_harmony(&messages, options),
         ChatFormat::None => Err(ApiError::bad_param(
             "messages",
             "this model has no chat template (no chat_template.jinja or chat_template in \
@@ -64,7 +77,18 @@ async fn handle(
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(body)?;
     state.check_model(req.common.model.as_deref())?;
-    let params = validate_common(&req.common, &state.limits)?;
+    let mut params = validate_common(&req.common, &state.limits)?;
+    let tool_use = resolve_tool_use(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        &state.tool_parsing,
+    )?;
+    if tool_use.parsers.needs_special_tokens() {
+        // The parser reads the format's markers, which are special tokens; none of them
+        // reaches the response.
+        params.skip_special_tokens = false;
+    }
     state.router.check_sequences(params.n)?;
     let max_lp = state.limits.max_logprobs;
     let want_logprobs = req.logprobs.unwrap_or(false);
@@ -106,6 +130,16 @@ async fn handle(
             .await
             .map_err(|e| ApiError::Internal(format!("template task failed: {e}")))??
     };
+    // The prompt's end says where the output starts (inside a message, inside `<think>`).
+    let parsers: Option<Vec<ChoiceParser>> = (0..params.n)
+        .map(|_| {
+            tool_use.parsers.build(&text).map(|parser| ChoiceParser {
+                parser,
+                parallel: tool_use.parallel,
+                call_ids: Vec::new(),
+            })
+        })
+        .collect();
     let prompt = state
         .encode(text, req.add_special_tokens.unwrap_or(false))
         .await?;
@@ -141,6 +175,7 @@ async fn handle(
         continuous_usage: params.continuous_usage,
         completion_tokens: vec![0; params.n],
         prompt,
+        parsers,
     };
     if params.stream {
         let metrics_state = Arc::clone(state);
@@ -161,6 +196,90 @@ struct Output {
     continuous_usage: bool,
     completion_tokens: Vec<usize>,
     prompt: Vec<u32>,
+    /// One per choice, when the output is parsed for reasoning or tool calls.
+    parsers: Option<Vec<ChoiceParser>>,
+}
+
+/// The reasoning and tool-call parser of one choice, and the ids its calls got.
+struct ChoiceParser {
+    parser: Box<dyn OutputParser>,
+    /// Keep every call, or only the first (`parallel_tool_calls: false`).
+    parallel: bool,
+    call_ids: Vec<String>,
+}
+
+impl ChoiceParser {
+    /// The events of the next text (and of the end, when `last`), merged, with the calls
+    /// past the first dropped unless parallel calls are on.
+    fn events(&mut self, text: &str, last: bool) -> Vec<ParseEvent> {
+        let mut events = self.parser.push(text);
+        if last {
+            events.extend(self.parser.finish());
+        }
+        let parallel = self.parallel;
+        events.retain(|e| match e {
+            ParseEvent::ToolCallStart { index, .. }
+            | ParseEvent::ToolCallArguments { index, .. } => parallel || *index == 0,
+            ParseEvent::Reasoning(_) | ParseEvent::Content(_) => true,
+        });
+        coalesce(events)
+    }
+
+    /// The id of call `index`, made when first asked for.
+    fn call_id(&mut self, index: usize) -> String {
+        while self.call_ids.len() <= index {
+            self.call_ids
+                .push(format!("call_{:024x}", rand::random::<u128>() >> 32));
+        }
+        self.call_ids[index].clone()
+    }
+
+    /// The finish reason: `tool_calls` when a choice that stopped by itself called tools.
+    fn finish_reason(&self, reason: &'static str) -> &'static str {
+        if reason == "stop" && !self.call_ids.is_empty() {
+            "tool_calls"
+        } else {
+            reason
+        }
+    }
+}
+
+/// The streamed delta of one event.
+fn event_delta(event: ParseEvent, parser: &mut ChoiceParser) -> ChatDelta {
+    match event {
+        ParseEvent::Content(t) => ChatDelta {
+            content: Some(t),
+            ..Default::default()
+        },
+        ParseEvent::Reasoning(t) => ChatDelta {
+            reasoning_content: Some(t),
+            ..Default::default()
+        },
+        ParseEvent::ToolCallStart { index, name } => ChatDelta {
+            tool_calls: Some(vec![ToolCallDelta {
+                index,
+                id: Some(parser.call_id(index)),
+                kind: Some("function"),
+                function: FunctionCallDelta {
+                    name: Some(name),
+                    arguments: String::new(),
+                },
+            }]),
+            ..Default::default()
+        },
+        ParseEvent::ToolCallArguments { index, text } => ChatDelta {
+            tool_calls: Some(vec![ToolCallDelta {
+                index,
+                id: None,
+                kind: None,
+                function: FunctionCallDelta {
+                    name: None,
+                    arguments: text,
+                },
+            }]),
+            ..Default::default()
+        },
+    }
 }
 
 impl Output {
@@ -214,6 +333,7 @@ impl Output {
         let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); n];
         let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
         let mut finishes = vec![None; n];
+        let mut parsed = vec![ParsedOutput::default(); n];
         while let Some(event) = stream.next().await {
             let d = match event {
                 ChoiceEvent::Delta(d) => d,
@@ -221,6 +341,11 @@ impl Output {
             };
             let i = d.index;
             self.completion_tokens[i] = d.completion_tokens;
+            if let Some(p) = self.parsers.as_mut().and_then(|p| p.get_mut(i)) {
+                for e in p.events(&d.text, d.finish.is_some()) {
+                    parsed[i].apply(&e);
+                }
+            }
             texts[i].push_str(&d.text);
             tokens[i].extend(d.token_ids);
             logprobs[i].extend(d.logprobs);
@@ -233,14 +358,47 @@ impl Output {
             let finish = finishes[i]
                 .take()
                 .ok_or_else(|| ApiError::Internal("a choice ended without finishing".into()))?;
+            let (message, reason) = match self.parsers.as_mut().and_then(|p| p.get_mut(i)) {
+                None => (
+                    AssistantMessage {
+                        role: "assistant",
+                        content: Some(text),
+                        reasoning_content: None,
+                        tool_calls: Vec::new(),
+                    },
+                    finish.reason,
+                ),
+                Some(p) => {
+                    let out = std::mem::take(&mut parsed[i]);
+                    let tool_calls: Vec<ToolCall> = out
+                        .tool_calls
+                        .into_iter()
+                        .enumerate()
+                        .map(|(index, call)| ToolCall {
+                            id: p.call_id(index),
+                            kind: "function",
+                            function: FunctionCall {
+                                name: call.name,
+                                arguments: call.arguments,
+                            },
+                        })
+                        .collect();
+                    let content =
+                        (!out.content.is_empty() || tool_calls.is_empty()).then_some(out.content);
+                    let message = AssistantMessage {
+                        role: "assistant",
+                        content,
+                        reasoning_content: (!out.reasoning.is_empty()).then_some(out.reasoning),
+                        tool_calls,
+                    };
+                    (message, p.finish_reason(finish.reason))
+                }
+            };
             choices.push(ChatChoice {
                 index: i,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: text,
-                },
+                message,
                 logprobs: self.want_logprobs.then(|| self.logprobs(&logprobs[i])),
-                finish_reason: Some(finish.reason),
+                finish_reason: Some(reason),
                 stop_reason: finish.stop_reason,
                 token_ids: self
                     .return_token_ids
@@ -272,6 +430,7 @@ impl ChunkWriter for Output {
                 delta: ChatDelta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    ..Default::default()
                 },
                 logprobs: None,
                 finish_reason: None,
@@ -280,18 +439,55 @@ impl ChunkWriter for Output {
             };
             events.push(json_event(&self.chunk(vec![role], true)));
         }
-        let choice = ChatChunkChoice {
-            index: d.index,
-            delta: ChatDelta {
-                role: None,
-                content: Some(d.text),
-            },
-            logprobs: self.want_logprobs.then(|| self.logprobs(&d.logprobs)),
-            finish_reason: d.finish.as_ref().map(|f| f.reason),
-            stop_reason: d.finish.and_then(|f| f.stop_reason),
-            token_ids: self.return_token_ids.then_some(d.token_ids),
+        let last = d.finish.is_some();
+        let (deltas, reason) = match self.parsers.as_mut().and_then(|p| p.get_mut(d.index)) {
+            None => (
+                vec![ChatDelta {
+                    content: Some(d.text),
+                    ..Default::default()
+                }],
+                d.finish.as_ref().map(|f| f.reason),
+            ),
+            Some(p) => {
+                let deltas: Vec<ChatDelta> = p
+                    .events(&d.text, last)
+                    .into_iter()
+                    .map(|e| event_delta(e, p))
+                    .collect();
+                (deltas, d.finish.as_ref().map(|f| p.finish_reason(f.reason)))
+            }
         };
-        events.push(json_event(&self.chunk(vec![choice], false)));
+        let carries_tokens = self.want_logprobs || self.return_token_ids;
+        if deltas.is_empty() && !last && !carries_tokens {
+            // Everything is held back (a marker may be starting): nothing to send yet.
+            return events;
+        }
+        let mut deltas = deltas;
+        if deltas.is_empty() {
+            deltas.push(ChatDelta {
+                content: Some(String::new()),
+                ..Default::default()
+            });
+        }
+        // The tokens' logprobs and ids and the finish go with the last chunk of this delta.
+        let count = deltas.len();
+        let mut tail = Some((d.logprobs, d.token_ids, d.finish));
+        for (k, delta) in deltas.into_iter().enumerate() {
+            let (logprobs, token_ids, finish) = if k + 1 == count {
+                tail.take().unwrap_or_default()
+            } else {
+                (Vec::new(), Vec::new(), None)
+            };
+            let choice = ChatChunkChoice {
+                index: d.index,
+                delta,
+                logprobs: self.want_logprobs.then(|| self.logprobs(&logprobs)),
+                finish_reason: finish.as_ref().and(reason),
+                stop_reason: finish.and_then(|f| f.stop_reason),
+                token_ids: self.return_token_ids.then_some(token_ids),
+            };
+            events.push(json_event(&self.chunk(vec![choice], false)));
+        }
         events
     }
 

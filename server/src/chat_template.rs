@@ -28,6 +28,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The template reads `tool_calls`: it can render a conversation's tool turns.
+    renders_tool_calls: bool,
 }
 
 /// What a render needs besides the messages.
@@ -121,13 +123,21 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        let renders_tool_calls = source.contains("tool_calls");
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(Error::ChatTemplate)?;
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.unwrap_or_default(),
             eos_token: eos_token.unwrap_or_default(),
+            renders_tool_calls,
         })
+    }
+
+    /// Whether the template can render tool turns (it reads `tool_calls`); one that cannot
+    /// would drop them from the prompt without a word.
+    pub fn renders_tool_calls(&self) -> bool {
+        self.renders_tool_calls
     }
 
     /// Renders `messages`.
@@ -178,24 +188,121 @@ fn trim_to_last_content(rendered: String, messages: &[Value]) -> String {
 }
 
 /// GPT-OSS harmony: `<|start|>{role}<|message|>{content}<|end|>` per message, then
-/// `<|start|>assistant` (docs/reference/gpt-oss.md §5).
-pub fn render_harmony(messages: &[Value], options: &RenderOptions) -> String {
+/// `<|start|>assistant` (docs/reference/gpt-oss.md §5). Tool turns take harmony's own shape:
+/// the tools in a developer message (after a leading system message), an assistant's calls as
+/// `commentary to=functions.NAME` messages ending in `<|call|>`, its `reasoning_content` in
+/// the `analysis` channel, and each `tool` message from `functions.NAME` (the call it answers
+/// names the function).
+pub fn render_harmony(messages: &[Value], options: &RenderOptions) -> Result<String, ApiError> {
     let mut out = String::new();
+    let tools = harmony_tools(options.extra.get("tools"));
+    let mut tools_pending = !tools.is_empty();
     for (i, m) in messages.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
         let content = m.get("content").and_then(Value::as_str).unwrap_or("");
-        out.push_str("<|start|>");
-        out.push_str(role);
-        out.push_str("<|message|>");
-        out.push_str(content);
-        let open = options.continue_final_message && i + 1 == messages.len();
-        if !open {
-            out.push_str("<|end|>");
+        if tools_pending && role != "system" {
+            out.push_str(&format!("<|start|>developer<|message|>{tools}<|end|>"));
+            tools_pending = false;
         }
+        let open = options.continue_final_message && i + 1 == messages.len();
+        let end = if open { "" } else { "<|end|>" };
+        match role {
+            "assistant"
+                if m.get("tool_calls").is_some() || m.get("reasoning_content").is_some() =>
+            {
+                if let Some(r) = m.get("reasoning_content").and_then(Value::as_str) {
+                    out.push_str(&format!(
+                        "<|start|>assistant<|channel|>analysis<|message|>{r}<|end|>"
+                    ));
+                }
+                let calls = m.get("tool_calls").and_then(Value::as_array);
+                if !content.is_empty() {
+                    // Beside calls, the text is a preamble to them (commentary), else the
+                    // answer.
+                    let channel = if calls.is_some() {
+                        "commentary"
+                    } else {
+                        "final"
+                    };
+                    out.push_str(&format!(
+                        "<|start|>assistant<|channel|>{channel}<|message|>{content}{end}"
+                    ));
+                }
+                for call in calls.into_iter().flatten() {
+                    let f = &call["function"];
+                    let name = f["name"].as_str().unwrap_or("");
+                    let args = match &f["arguments"] {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    out.push_str(&format!(
+                        "<|start|>assistant<|channel|>commentary to=functions.{name} \
+                         <|constrain|>json<|message|>{args}<|call|>"
+                    ));
+                }
+            }
+            "tool" => {
+                let name = called_function(&messages[..i], m).ok_or_else(|| {
+                    ApiError::bad_param(
+                        "messages",
+                        format!(
+                            "messages[{i}] answers tool call {}, which no earlier assistant \
+                             message made: give the id from that message's tool_calls.",
+                            m.get("tool_call_id").unwrap_or(&Value::Null)
+                        ),
+                    )
+                })?;
+                out.push_str(&format!(
+                    "<|start|>functions.{name} to=assistant<|channel|>commentary<|message|>\
+                     {content}{end}"
+                ));
+            }
+            _ => out.push_str(&format!("<|start|>{role}<|message|>{content}{end}")),
+        }
+    }
+    if tools_pending {
+        out.push_str(&format!("<|start|>developer<|message|>{tools}<|end|>"));
     }
     if options.add_generation_prompt && !options.continue_final_message {
         out.push_str("<|start|>assistant");
     }
+    Ok(out)
+}
+
+/// The function a `tool` message answers: the earlier call with its `tool_call_id`, else
+/// the message's own `name`.
+fn called_function(earlier: &[Value], tool_message: &Value) -> Option<String> {
+    let id = tool_message.get("tool_call_id").and_then(Value::as_str);
+    earlier
+        .iter()
+        .rev()
+        .filter_map(|m| m.get("tool_calls").and_then(Value::as_array))
+        .flatten()
+        .find(|c| id.is_some() && c.get("id").and_then(Value::as_str) == id)
+        .and_then(|c| c["function"]["name"].as_str())
+        .or_else(|| tool_message.get("name").and_then(Value::as_str))
+        .map(str::to_string)
+}
+
+/// Harmony's tool section: each function as a TypeScript-like signature whose parameter is
+/// its JSON schema, in `namespace functions`; empty without tools.
+fn harmony_tools(tools: Option<&Value>) -> String {
+    let Some(list) = tools.and_then(Value::as_array).filter(|l| !l.is_empty()) else {
+        return String::new();
+    };
+    let mut out = String::from("# Tools\n\n## functions\n\nnamespace functions {\n\n");
+    for tool in list {
+        let f = &tool["function"];
+        let name = f["name"].as_str().unwrap_or("");
+        if let Some(d) = f.get("description").and_then(Value::as_str) {
+            out.push_str(&format!("// {d}\n"));
+        }
+        match f.get("parameters").filter(|p| !p.is_null()) {
+            Some(p) => out.push_str(&format!("type {name} = (_: {p}) => any;\n\n")),
+            None => out.push_str(&format!("type {name} = () => any;\n\n")),
+        }
+    }
+    out.push_str("} // namespace functions");
     out
 }
 
@@ -296,9 +403,45 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            render_harmony(&msgs, &opts),
+            render_harmony(&msgs, &opts).unwrap(),
             "<|start|>system<|message|>You are a helpful assistant.<|end|><|start|>user<|message|>What is\n2 + 2?<|end|><|start|>assistant"
         );
+    }
+
+    #[test]
+    fn harmony_renders_tools_calls_and_results() {
+        let mut msgs = messages(serde_json::json!([
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "reasoning_content": "Use the tool.",
+             "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+        ]));
+        crate::tools::prepare_tool_turns(&mut msgs).unwrap();
+        let mut extra = Map::new();
+        extra.insert(
+            "tools".into(),
+            serde_json::json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather now.", "parameters": {"type": "object"}}}]),
+        );
+        let opts = RenderOptions {
+            add_generation_prompt: true,
+            extra,
+            ..Default::default()
+        };
+        assert_eq!(
+            render_harmony(&msgs, &opts).unwrap(),
+            "<|start|>system<|message|>S<|end|>\
+             <|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n// Weather now.\ntype get_weather = (_: {\"type\":\"object\"}) => any;\n\n} // namespace functions<|end|>\
+             <|start|>user<|message|>Weather in Paris?<|end|>\
+             <|start|>assistant<|channel|>analysis<|message|>Use the tool.<|end|>\
+             <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>\
+             <|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny<|end|>\
+             <|start|>assistant"
+        );
+        let orphan =
+            messages(serde_json::json!([{"role": "tool", "tool_call_id": "nope", "content": "x"}]));
+        let err = render_harmony(&orphan, &opts).unwrap_err();
+        assert!(err.to_string().contains("no earlier assistant"), "{err}");
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! `GET /health` (`/ping`), `GET /metrics`, `GET /version`.
 //!
 //! Layout: I/O-free pieces ([`detokenize`], [`stop`], [`validation`], [`chat_template`],
-//! [`protocol`]) under a thin async layer: [`generation`] turns router token streams into
+//! [`tool_parsing`] (reasoning and tool calls out of chat outputs), [`tools`] (the request
+//! side of tool calling), [`protocol`]) under a thin async layer: [`generation`] turns router token streams into
 //! per-choice text deltas; one module per endpoint formats them as JSON or SSE ([`sse`]);
 //! [`error::ApiError`] is the single mapping to HTTP statuses and error bodies, which every
 //! error the server answers carries, hyper's own included ([`http`]: the accept loop,
@@ -36,6 +37,8 @@ pub mod sse;
 pub mod state;
 pub mod stop;
 pub mod tokenize;
+pub mod tool_parsing;
+pub mod tools;
 pub mod validation;
 
 use std::future::Future;

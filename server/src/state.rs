@@ -11,6 +11,8 @@ use crate::chat_template::{ChatFormat, ChatTemplate};
 use crate::error::{ApiError, Error};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
+use crate::tool_parsing::{ReasoningParserKind, ToolCallParserKind};
+use crate::tools::ToolParsing;
 use crate::validation::Limits;
 
 /// Settings of the HTTP server (the scheduler's are in [`router::RouterConfig`]).
@@ -50,6 +52,17 @@ pub struct ServerConfig {
     /// After a stop signal, how long requests in flight may take to finish; what still runs
     /// then ends with an error.
     pub shutdown_timeout: Duration,
+    /// vLLM's `--enable-auto-tool-choice`: with `tool_choice: "auto"` (the default when a
+    /// request has tools), tool calls are parsed out of the output into `tool_calls`; off,
+    /// such requests are refused (400) and `tool_choice: "none"` returns the output as text.
+    pub enable_auto_tool_choice: bool,
+    /// vLLM's `--tool-call-parser`: how the model writes tool calls; `None`: the model type's
+    /// (gpt_oss: openai, qwen3_moe: hermes, mixtral: mistral).
+    pub tool_call_parser: Option<ToolCallParserKind>,
+    /// vLLM's `--reasoning-parser`: how the model writes its reasoning, which goes to
+    /// `reasoning_content`; `None`: the model type's (gpt_oss: openai_gptoss, qwen3_moe:
+    /// qwen3, mixtral: none).
+    pub reasoning_parser: Option<ReasoningParserKind>,
 }
 
 /// A secret that never appears in logs or `Debug` output.
@@ -95,6 +108,9 @@ impl Default for ServerConfig {
             max_body_bytes: 2 << 20,
             max_connections: None,
             shutdown_timeout: Duration::from_secs(30),
+            enable_auto_tool_choice: false,
+            tool_call_parser: None,
+            reasoning_parser: None,
         }
     }
 }
@@ -123,6 +139,8 @@ pub struct AppState {
     pub harmony_stop_ids: Vec<u32>,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// How chat outputs' tool calls and reasoning are parsed.
+    pub tool_parsing: ToolParsing,
     /// Metrics.
     pub metrics: Metrics,
     /// The disaggregated path's figures, when the deployment provides them.
@@ -196,6 +214,24 @@ impl AppState {
             .first()
             .map(|k| k.block_size)
             .unwrap_or(0);
+        let tool_call_parser = config
+            .tool_call_parser
+            .or(family.map(ToolCallParserKind::for_family));
+        if config.enable_auto_tool_choice && tool_call_parser.is_none() {
+            return Err(Error::Config(
+                "--enable-auto-tool-choice needs --tool-call-parser: config.json names no \
+                 model_type with a default one"
+                    .into(),
+            ));
+        }
+        let tool_parsing = ToolParsing {
+            auto_tool_choice: config.enable_auto_tool_choice,
+            tool_call_parser,
+            reasoning_parser: config
+                .reasoning_parser
+                .or(family.map(ReasoningParserKind::for_family))
+                .unwrap_or(ReasoningParserKind::None),
+        };
         if config.max_n == 0 {
             return Err(Error::Config("max_n must be at least 1".into()));
         }
@@ -215,6 +251,7 @@ impl AppState {
             eos_token_ids,
             harmony_stop_ids,
             block_size,
+            tool_parsing,
             afd_stats,
             created: crate::protocol::unix_now(),
             lifecycle: Arc::new(Lifecycle::default()),

@@ -57,8 +57,14 @@ pub struct ChatCompletionRequest {
     pub add_special_tokens: Option<bool>,
     /// Extra variables for the template.
     pub chat_template_kwargs: Option<Map<String, Value>>,
-    /// Tool definitions, passed to the template.
+    /// Tool definitions (`[{"type": "function", "function": {"name", ...}}]`), passed to
+    /// the template.
     pub tools: Option<Value>,
+    /// `"auto"` (the default with tools), `"none"` (the default without); `"required"` and a
+    /// named function are refused for now.
+    pub tool_choice: Option<Value>,
+    /// Keep every tool call of the output (default true), or only the first.
+    pub parallel_tool_calls: Option<bool>,
     /// GPT-OSS reasoning effort, passed to the template.
     pub reasoning_effort: Option<String>,
 }
@@ -99,8 +105,61 @@ pub struct ChatLogprobs {
 pub struct AssistantMessage {
     /// `assistant`.
     pub role: &'static str,
-    /// The text.
-    pub content: String,
+    /// The answer's text; null when the message is only tool calls.
+    pub content: Option<String>,
+    /// The model's reasoning, when a reasoning parser found some (vLLM's field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The functions the model calls.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A function call of the assistant.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCall {
+    /// `call_...`, which the `tool` message answering it names.
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// A function's name and arguments.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments, JSON text as the model wrote it.
+    pub arguments: String,
+}
+
+/// A piece of a streamed tool call: the first carries `id`, `type` and the name, the next
+/// ones pieces of the arguments.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCallDelta {
+    /// Which call of the choice (0, 1, ...).
+    pub index: usize,
+    /// The call's id (first piece only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function` (first piece only).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The name and the next piece of the arguments.
+    pub function: FunctionCallDelta,
+}
+
+/// A piece of a streamed function call.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionCallDelta {
+    /// The name (first piece only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The next piece of the arguments' JSON text.
+    pub arguments: String,
 }
 
 /// One choice of a chat completion.
@@ -112,7 +171,7 @@ pub struct ChatChoice {
     pub message: AssistantMessage,
     /// Logprobs, when asked for.
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop` or `length`.
+    /// `stop`, `length`, or `tool_calls` (stopped after calling tools).
     pub finish_reason: Option<&'static str>,
     /// The stop token or string that ended it (vLLM).
     pub stop_reason: Option<StopReason>,
@@ -150,6 +209,12 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning text (vLLM's field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// New pieces of tool calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a streamed chunk.

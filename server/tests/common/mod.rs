@@ -19,9 +19,14 @@ use step::{AttentionNode, SampleRequest};
 
 /// A tiny GPT-OSS checkpoint folder (config, tokenizer, chat template; no weights).
 pub fn tiny_checkpoint() -> tempfile::TempDir {
+    tiny_checkpoint_of(model::Family::GptOss)
+}
+
+/// A tiny checkpoint folder of `family` (config, tokenizer, chat template; no weights).
+pub fn tiny_checkpoint_of(family: model::Family) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let options = SynthOptions {
-        family: model::Family::GptOss,
+        family,
         preset: Preset::Tiny,
         format: None,
         seed: 1,
@@ -107,7 +112,18 @@ pub async fn start_configured(
     router: RouterConfig,
     configure: impl FnOnce(&mut ServerConfig),
 ) -> TestServer {
-    let dir = tiny_checkpoint();
+    start_family(model::Family::GptOss, node, nodes, router, configure).await
+}
+
+/// [`start_configured`] over a tiny checkpoint of `family`.
+pub async fn start_family(
+    family: model::Family,
+    node: FakeNodeConfig,
+    nodes: Vec<Box<dyn AttentionNode>>,
+    router: RouterConfig,
+    configure: impl FnOnce(&mut ServerConfig),
+) -> TestServer {
+    let dir = tiny_checkpoint_of(family);
     let router = Router::start(router, nodes).unwrap();
     let mut config = ServerConfig {
         host: "127.0.0.1".into(),

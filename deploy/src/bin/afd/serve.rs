@@ -16,6 +16,7 @@ use deploy::cluster::{ClusterConfig, EmbeddedCluster, StartEvent};
 use deploy::shutdown::StopSignals;
 use indicatif::{ProgressBar, ProgressStyle};
 use router::{AfdStats, AfdStatsSource, Dilation, Router, RouterConfig, SchedulerConfig, Timing};
+use server::tool_parsing::{ReasoningParserKind, ToolCallParserKind};
 use server::{Server, ServerConfig};
 use step::AttentionNode;
 
@@ -104,8 +105,34 @@ pub struct ServeArgs {
     /// Steps per window of --record-routing.
     #[arg(long, default_value_t = 256)]
     record_window: u64,
+    /// Parse the model's tool calls into `tool_calls` when a chat request's `tool_choice` is
+    /// "auto" (the default when it sends `tools`), as vLLM's flag; without it such requests
+    /// are refused (400) and `tool_choice: "none"` returns the output as text.
+    #[arg(long)]
+    enable_auto_tool_choice: bool,
+    /// How the model writes tool calls: openai (GPT-OSS harmony), hermes (Qwen3's
+    /// `<tool_call>`) or mistral (`[TOOL_CALLS]`); default: by config.json's model_type
+    /// (gpt_oss: openai, qwen3_moe: hermes, mixtral: mistral).
+    #[arg(long, value_parser = parse_tool_call_parser)]
+    tool_call_parser: Option<ToolCallParserKind>,
+    /// How the model writes its reasoning, which goes to `reasoning_content`: openai_gptoss
+    /// (harmony's analysis channel), qwen3 (`<think>`) or none (reasoning stays in
+    /// `content`); default: by config.json's model_type (gpt_oss: openai_gptoss, qwen3_moe:
+    /// qwen3, mixtral: none).
+    #[arg(long, value_parser = parse_reasoning_parser)]
+    reasoning_parser: Option<ReasoningParserKind>,
     #[command(flatten)]
     cluster: ClusterArgs,
+}
+
+fn parse_tool_call_parser(s: &str) -> Result<ToolCallParserKind, String> {
+    s.parse()
+        .map_err(|e: server::tool_parsing::UnknownParser| e.to_string())
+}
+
+fn parse_reasoning_parser(s: &str) -> Result<ReasoningParserKind, String> {
+    s.parse()
+        .map_err(|e: server::tool_parsing::UnknownParser| e.to_string())
 }
 
 /// `--clock`: the wall's, or modeled.
@@ -475,6 +502,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }),
         api_key: args.api_key.clone().map(server::ApiKey::new),
         shutdown_timeout: std::time::Duration::from_secs_f64(args.shutdown_timeout.max(0.0)),
+        enable_auto_tool_choice: args.enable_auto_tool_choice,
+        tool_call_parser: args.tool_call_parser,
+        reasoning_parser: args.reasoning_parser,
         ..ServerConfig::default()
     };
     raise_open_file_limit();
