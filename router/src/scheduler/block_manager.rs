@@ -114,4 +114,67 @@ mod tests {
         assert_eq!(m.num_free(), 3);
         assert!((m.usage() - 0.0).abs() < 1e-12);
     }
+
+    #[test]
+    fn block_size_is_the_one_given() {
+        assert_eq!(BlockManager::new(4, 3).block_size(), 4);
+        assert_eq!(BlockManager::new(16, 3).blocks_for(17), 2);
+    }
+
+    #[test]
+    fn usage_is_the_fraction_of_blocks_held() {
+        let mut m = BlockManager::new(4, 4);
+        assert_eq!(m.usage(), 0.0);
+        let mut t = Vec::new();
+        assert!(m.grow_to(&mut t, 5));
+        assert_eq!(m.usage(), 0.5, "2 of 4 blocks");
+        let mut u = Vec::new();
+        assert!(m.grow_to(&mut u, 3));
+        assert_eq!(m.usage(), 0.75, "3 of 4 blocks");
+        assert!(m.grow_to(&mut u, 8));
+        assert_eq!(m.usage(), 1.0, "all 4 blocks");
+        assert_eq!(
+            BlockManager::new(4, 0).usage(),
+            0.0,
+            "an empty cache is not in use"
+        );
+    }
+
+    #[test]
+    fn grow_to_can_take_the_last_free_blocks() {
+        let mut m = BlockManager::new(4, 3);
+        let mut t = Vec::new();
+        assert!(m.grow_to(&mut t, 12), "12 tokens need exactly the 3 blocks");
+        assert_eq!(t, vec![0, 1, 2]);
+        assert_eq!(m.num_free(), 0);
+        let mut u = Vec::new();
+        assert!(!m.grow_to(&mut u, 1), "none left");
+        m.release(&mut t);
+        assert!(m.grow_to(&mut u, 4), "one block needed, three free");
+        assert!(m.grow_to(&mut t, 8), "two blocks needed, exactly two free");
+        assert_eq!(m.num_free(), 0);
+    }
+
+    #[test]
+    fn release_rejects_the_block_id_just_past_the_cache() {
+        let mut m = BlockManager::new(4, 3);
+        let mut t = vec![3];
+        let released = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            m.release(&mut t);
+        }));
+        assert_eq!(
+            released.is_err(),
+            cfg!(debug_assertions),
+            "block 3 of a 3-block cache is out of range: a bug, reported (debug builds panic)"
+        );
+        assert_eq!(
+            m.num_free(),
+            3,
+            "the out-of-range block is not added to the free list"
+        );
+        let mut u = Vec::new();
+        assert!(!m.grow_to(&mut u, 13), "still only 3 blocks to hand out");
+        assert!(m.grow_to(&mut u, 12));
+        assert_eq!(u, vec![0, 1, 2]);
+    }
 }

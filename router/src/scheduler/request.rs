@@ -162,3 +162,85 @@ impl SchedulerStats {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use step::StepEntry;
+
+    use super::*;
+
+    /// An entry of `n` new prompt tokens for sequence `seq`, starting at position 0.
+    fn entry(seq: RequestId, n: usize) -> StepEntry {
+        StepEntry {
+            seq,
+            tokens: vec![7; n],
+            start: 0,
+            prompt_len: n,
+            block_table: vec![0],
+            sample: None,
+        }
+    }
+
+    /// An output scheduling `counts[i].1` tokens of request `counts[i].0`.
+    fn output(counts: &[(RequestId, usize)]) -> SchedulerOutput {
+        SchedulerOutput {
+            batch: StepBatch {
+                entries: counts.iter().map(|&(id, n)| entry(id, n)).collect(),
+            },
+            num_scheduled_tokens: counts.to_vec(),
+            ..SchedulerOutput::default()
+        }
+    }
+
+    #[test]
+    fn total_tokens_sums_the_tokens_scheduled_per_request() {
+        assert_eq!(
+            SchedulerOutput::default().total_tokens(),
+            0,
+            "nothing scheduled"
+        );
+        assert_eq!(output(&[(3, 1)]).total_tokens(), 1, "one decode token");
+        assert_eq!(
+            output(&[(1, 4), (2, 1), (5, 2)]).total_tokens(),
+            7,
+            "a 4-token chunk, a decode token and a 2-token chunk"
+        );
+    }
+
+    #[test]
+    fn is_empty_only_when_the_batch_has_no_entries() {
+        assert!(SchedulerOutput::default().is_empty());
+        let only_freed = SchedulerOutput {
+            freed: vec![9],
+            preempted: vec![9],
+            ..SchedulerOutput::default()
+        };
+        assert!(
+            only_freed.is_empty(),
+            "freeing or preempting sequences schedules nothing"
+        );
+        assert!(!output(&[(1, 1)]).is_empty(), "one request scheduled");
+        assert!(
+            !output(&[(1, 4), (2, 1)]).is_empty(),
+            "two requests scheduled"
+        );
+    }
+
+    #[test]
+    fn kv_usage_is_used_over_total_blocks_and_zero_without_blocks() {
+        let stats = |used, total| SchedulerStats {
+            kv_blocks_used: used,
+            kv_blocks_total: total,
+            ..SchedulerStats::default()
+        };
+        assert_eq!(
+            stats(0, 0).kv_usage(),
+            0.0,
+            "a cache of no blocks is not in use"
+        );
+        assert_eq!(stats(0, 8).kv_usage(), 0.0, "no block held");
+        assert_eq!(stats(2, 8).kv_usage(), 0.25, "2 of 8 blocks");
+        assert_eq!(stats(3, 4).kv_usage(), 0.75, "3 of 4 blocks");
+        assert_eq!(stats(8, 8).kv_usage(), 1.0, "every block held");
+    }
+}

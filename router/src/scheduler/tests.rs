@@ -11,6 +11,9 @@ use step::{AttentionNode, SampleRequest};
 use super::*;
 use crate::fake::{FakeNode, FakeNodeConfig};
 
+mod accounting;
+mod admission;
+
 fn config(max_num_seqs: usize, budget: usize, max_model_len: usize) -> SchedulerConfig {
     SchedulerConfig {
         max_num_seqs,
@@ -50,6 +53,8 @@ struct Harness {
     node: FakeNode,
     outputs: HashMap<RequestId, Vec<u32>>,
     finished: HashMap<RequestId, FinishReason>,
+    /// The tokens the last step produced, as the scheduler reported them.
+    last_tokens: Vec<TokenOutput>,
 }
 
 impl Harness {
@@ -64,6 +69,7 @@ impl Harness {
             node,
             outputs: HashMap::new(),
             finished: HashMap::new(),
+            last_tokens: Vec::new(),
         }
     }
 
@@ -74,12 +80,13 @@ impl Harness {
         let result = self.node.step(&out.batch).unwrap();
         let (tokens, failed) = self.sched.update_from_output(&out, &result, Instant::now());
         assert!(failed.is_empty());
-        for t in tokens {
+        for t in &tokens {
             self.outputs.entry(t.id).or_default().push(t.token);
             if let Some(f) = t.finish {
                 self.finished.insert(t.id, f);
             }
         }
+        self.last_tokens = tokens;
         self.check_invariants();
         out
     }
