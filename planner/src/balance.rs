@@ -16,6 +16,9 @@
 //! copies, as the node's dispatcher spreads them. Balancedness is vLLM's: the mean over cards of
 //! a card's load divided by the largest (1.0 is perfectly even).
 //!
+//! A layer whose placement by load would be less even than the one it replaces keeps the old
+//! one: the result is never worse on the measured load.
+//!
 //! Pure and deterministic: ties go to the lower expert id and the lower card index. Whether a
 //! placement fits in the cards' SRAM is the compiler's to say (the caller compiles it).
 
@@ -228,12 +231,19 @@ pub fn balance(
             )));
         }
         let was = holders_of(current, layer, experts);
-        out.before
-            .push(balancedness(&card_loads(counts, &was, cards)));
+        let before = balancedness(&card_loads(counts, &was, cards));
         let now = balance_layer(counts, cards, redundant);
-        out.after
-            .push(balancedness(&card_loads(counts, &now, cards)));
-        out.layers.push(Some(now));
+        let after = balancedness(&card_loads(counts, &now, cards));
+        out.before.push(before);
+        // Greedy packing can come out behind the placement it replaces (with few or no copies
+        // and experts that divide evenly); a layer then keeps what it had.
+        if after < before {
+            out.after.push(before);
+            out.layers.push(Some(was));
+        } else {
+            out.after.push(after);
+            out.layers.push(Some(now));
+        }
     }
     Ok(out)
 }

@@ -125,6 +125,51 @@ proptest! {
         prop_assert_eq!(balance_layer(&load, cards, redundant), holders);
     }
 
+    /// On any load, with any number of copies, every layer ends at least as even as under the
+    /// contiguous placement it replaces.
+    #[test]
+    fn a_placement_by_load_is_never_less_even_than_the_one_it_replaces(
+        seed in any::<u64>(),
+        cards in 1usize..6,
+        redundant in 0usize..8,
+    ) {
+        let (config, _) = crate::named_shape(model::Family::GptOss, "tiny").unwrap();
+        let experts = config.moe.unwrap().num_experts;
+        let default = plan_placement(&config, &PlacementOptions { cards, replicas: vec![] }).unwrap();
+        let mut x = seed | 1;
+        let load = ExpertLoad {
+            layers: config
+                .moe_layers()
+                .iter()
+                .map(|&moe| {
+                    (0..if moe { experts } else { 0 })
+                        .map(|_| {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            x % 1000
+                        })
+                        .collect()
+                })
+                .collect(),
+        };
+        let placed = balance(&config, &load, &default, redundant).unwrap();
+        for (b, a) in placed.before.iter().zip(&placed.after) {
+            prop_assert!(a >= b, "{} -> {}", b, a);
+        }
+        // And what it reports is what its holders give.
+        let shares = placed.assignments(&default);
+        let mut moe_layer = 0;
+        for (layer, counts) in load.layers.iter().enumerate() {
+            if counts.is_empty() {
+                continue;
+            }
+            let got = balancedness(&card_loads(counts, &holders_of(&shares, layer, experts), cards));
+            prop_assert!((got - placed.after[moe_layer]).abs() < 1e-12);
+            moe_layer += 1;
+        }
+    }
+
     /// Without copies, the packing (heaviest first, each to the least-loaded card with a slot)
     /// leaves no card more than the heaviest expert above the mean load.
     #[test]
