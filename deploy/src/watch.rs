@@ -83,7 +83,7 @@ pub fn watch_cards(
             board: Arc::downgrade(board),
             quic: link
                 .as_ref()
-                .map(|l| (Arc::downgrade(l.quic), l.runtime.clone())),
+                .map(|l| (Arc::downgrade(l.quic), Arc::downgrade(l.runtime))),
             config,
         };
         std::thread::Builder::new()
@@ -98,7 +98,8 @@ struct Watcher {
     index: usize,
     card: WatchedCard,
     board: Weak<CardBoard>,
-    quic: Option<(Weak<QuicTransport>, Arc<EndpointRuntime>)>,
+    /// Held weakly, as the board is: a watcher must not keep a gone node's endpoint alive.
+    quic: Option<(Weak<QuicTransport>, Weak<EndpointRuntime>)>,
     config: WatchConfig,
 }
 
@@ -139,7 +140,7 @@ impl Watcher {
         if let Some((quic, runtime)) = self
             .quic
             .as_ref()
-            .and_then(|(q, r)| q.upgrade().map(|q| (q, r)))
+            .and_then(|(q, r)| q.upgrade().zip(r.upgrade()))
         {
             match answer.card_data_addr.parse() {
                 Ok(addr) => quic.add_peer(answer.card_node.clone(), addr),
