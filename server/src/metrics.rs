@@ -583,12 +583,15 @@ mod tests {
             expert_tokens_per_card: vec![3, 4],
             expert_tokens_per_layer_card: vec![vec![1, 2], vec![], vec![2, 2]],
         };
-        let text = m.render(
-            &RouterStats::default(),
-            Some(&afd),
-            &ClockSnapshot::default(),
-            16,
-        );
+        let render = || {
+            m.render(
+                &RouterStats::default(),
+                Some(&afd),
+                &ClockSnapshot::default(),
+                16,
+            )
+        };
+        let text = render();
         assert!(
             text.contains("afd_card_modeled_seconds{model_name=\"tiny\",card=\"1\"} 0.25"),
             "{text}"
@@ -608,12 +611,7 @@ mod tests {
             "a dense layer has no balancedness"
         );
         m.upkeep();
-        let text = m.render(
-            &RouterStats::default(),
-            Some(&afd),
-            &ClockSnapshot::default(),
-            16,
-        );
+        let text = render();
         assert!(
             text.contains(
                 "afd_expert_balancedness_window_bucket{model_name=\"tiny\",le=\"0.8\"} 1"

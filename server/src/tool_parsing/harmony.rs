@@ -13,7 +13,7 @@
 //! reach the output.
 
 use super::markers::{emittable_len, find_marker};
-use super::{OutputParser, ParseEvent};
+use super::{ParseEvent, Stepwise};
 
 const START: &str = "<|start|>";
 const CHANNEL: &str = "<|channel|>";
@@ -189,17 +189,17 @@ impl HarmonyParser {
     }
 }
 
-impl OutputParser for HarmonyParser {
-    fn push(&mut self, text: &str) -> Vec<ParseEvent> {
-        self.buf.push_str(text);
-        let mut out = Vec::new();
-        while self.step(&mut out) {}
-        out
+impl Stepwise for HarmonyParser {
+    fn held(&mut self) -> &mut String {
+        &mut self.buf
     }
 
-    fn finish(&mut self) -> Vec<ParseEvent> {
+    fn step(&mut self, out: &mut Vec<ParseEvent>) -> bool {
+        HarmonyParser::step(self, out)
+    }
+
+    fn finish_held(&mut self, rest: String) -> Vec<ParseEvent> {
         let mut out = Vec::new();
-        let rest = std::mem::take(&mut self.buf);
         match self.state {
             // A partial marker at the end of a body was held back; it never completed, so it
             // is text (a whole marker was already consumed).

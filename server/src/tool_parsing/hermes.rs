@@ -9,7 +9,7 @@
 use serde_json::Value;
 
 use super::markers::{emittable_len, find_marker};
-use super::{OutputParser, ParseEvent};
+use super::{ParseEvent, Stepwise};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -253,16 +253,16 @@ impl HermesParser {
     }
 }
 
-impl OutputParser for HermesParser {
-    fn push(&mut self, text: &str) -> Vec<ParseEvent> {
-        self.buf.push_str(text);
-        let mut out = Vec::new();
-        while self.step(&mut out) {}
-        out
+impl Stepwise for HermesParser {
+    fn held(&mut self) -> &mut String {
+        &mut self.buf
     }
 
-    fn finish(&mut self) -> Vec<ParseEvent> {
-        let rest = std::mem::take(&mut self.buf);
+    fn step(&mut self, out: &mut Vec<ParseEvent>) -> bool {
+        HermesParser::step(self, out)
+    }
+
+    fn finish_held(&mut self, rest: String) -> Vec<ParseEvent> {
         let mut out = Vec::new();
         match self.in_call.take() {
             // Cut off inside a call (max_tokens): what there is, is the call.
@@ -278,7 +278,7 @@ impl OutputParser for HermesParser {
 #[cfg(test)]
 mod tests {
     use super::super::test_support::{parse_pieces, parse_whole};
-    use super::super::{ParseEvent, ParsedToolCall};
+    use super::super::{OutputParser, ParseEvent, ParsedToolCall};
     use super::*;
     use proptest::prelude::*;
 

@@ -56,6 +56,31 @@ pub trait OutputParser: Send {
     fn finish(&mut self) -> Vec<ParseEvent>;
 }
 
+/// A parser that keeps its undecided text in one buffer and decides it from the front, a step
+/// at a time; [`OutputParser`] for it appends each piece and steps until a step must wait.
+pub trait Stepwise: Send {
+    /// The text not decided yet.
+    fn held(&mut self) -> &mut String;
+    /// Decides what it can at the front of the held text; false when it must wait for more.
+    fn step(&mut self, out: &mut Vec<ParseEvent>) -> bool;
+    /// The output ended with `rest` (the held text, taken) undecided: what it still says.
+    fn finish_held(&mut self, rest: String) -> Vec<ParseEvent>;
+}
+
+impl<T: Stepwise> OutputParser for T {
+    fn push(&mut self, text: &str) -> Vec<ParseEvent> {
+        self.held().push_str(text);
+        let mut out = Vec::new();
+        while self.step(&mut out) {}
+        out
+    }
+
+    fn finish(&mut self) -> Vec<ParseEvent> {
+        let rest = std::mem::take(self.held());
+        self.finish_held(rest)
+    }
+}
+
 /// `--tool-call-parser`: how tool calls are written in the model's output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolCallParserKind {

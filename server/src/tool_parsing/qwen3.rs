@@ -5,7 +5,7 @@
 //! does not begin with `<think>` is all content (thinking off).
 
 use super::markers::{emittable_len, find_marker};
-use super::{OutputParser, ParseEvent};
+use super::{ParseEvent, Stepwise};
 
 const THINK: &str = "<think>";
 const END_THINK: &str = "</think>";
@@ -90,16 +90,16 @@ fn push_text(out: &mut Vec<ParseEvent>, event: ParseEvent) {
     out.push(event);
 }
 
-impl OutputParser for ThinkParser {
-    fn push(&mut self, text: &str) -> Vec<ParseEvent> {
-        self.buf.push_str(text);
-        let mut out = Vec::new();
-        while self.step(&mut out) {}
-        out
+impl Stepwise for ThinkParser {
+    fn held(&mut self) -> &mut String {
+        &mut self.buf
     }
 
-    fn finish(&mut self) -> Vec<ParseEvent> {
-        let rest = std::mem::take(&mut self.buf);
+    fn step(&mut self, out: &mut Vec<ParseEvent>) -> bool {
+        ThinkParser::step(self, out)
+    }
+
+    fn finish_held(&mut self, rest: String) -> Vec<ParseEvent> {
         let mut out = Vec::new();
         match self.state {
             // Cut off while thinking (max_tokens): what there is, is reasoning.
