@@ -15,7 +15,7 @@
 
 use model::forward::moe::Routing;
 use proto::data::NO_EXPERT;
-use step::replicas::{RowShare, SplitInput};
+use step::replicas::{RowShare, ShareCursor, SplitInput};
 
 /// Which cards hold each expert of each layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -240,8 +240,7 @@ pub fn plan_dispatch(
 ) -> DispatchPlan {
     let k = routing.top_k;
     let serving = placement.serving(layer, routing, keys);
-    // Per expert: the share being given out and the rows it has had so far.
-    let mut cursor = vec![(0usize, 0usize); serving.len()];
+    let mut cursor = ShareCursor::new(&serving);
     let mut per_card: Vec<CardRows> = (0..placement.cards())
         .map(|card| CardRows {
             card,
@@ -252,14 +251,9 @@ pub fn plan_dispatch(
         .collect();
     for t in 0..keys.len().min(routing.tokens()) {
         for (e, w) in routing.token(t) {
-            let (share, given) = &mut cursor[e as usize];
-            let Some(&RowShare { card, rows }) = serving[e as usize].get(*share) else {
+            let Some(card) = cursor.next_card(e as usize) else {
                 continue;
             };
-            *given += 1;
-            if *given == rows {
-                (*share, *given) = (*share + 1, 0);
-            }
             let c = &mut per_card[card];
             if c.rows.last() != Some(&t) {
                 c.rows.push(t);

@@ -11,7 +11,7 @@
 //! The draws per layer shrink as the micro-batch grows, since large batches vary little.
 
 use corsair_ffn::perf::LayerTime;
-use step::replicas::{RowShare, SplitInput};
+use step::replicas::{ShareCursor, SplitInput};
 
 use crate::cards::CardSet;
 
@@ -169,6 +169,9 @@ fn expected_layer_by(
     let mut expert_rows = vec![0usize; e];
     let no_keys = vec![0u64; e];
     let rows_per_weight_read = cards.rows_per_weight_read(layer);
+    let mut card_rows = vec![0usize; n];
+    let mut last_token = vec![usize::MAX; n];
+    let mut rows_on = vec![0usize; n * e];
     for _ in 0..draws {
         // Each token's k distinct experts.
         expert_rows.iter_mut().for_each(|r| *r = 0);
@@ -194,20 +197,15 @@ fn expected_layer_by(
             rows_per_weight_read,
         });
         // Each card's rows (tokens with an expert there) and rows per expert there.
-        let mut card_rows = vec![0usize; n];
-        let mut last_token = vec![usize::MAX; n];
-        let mut cursor = vec![(0usize, 0usize); e];
-        let mut rows_on = vec![0usize; n * e];
+        card_rows.fill(0);
+        last_token.fill(usize::MAX);
+        rows_on.fill(0);
+        let mut cursor = ShareCursor::new(&shares);
         for t in 0..tokens {
             for &x in &chosen[t * k..(t + 1) * k] {
-                let (share, given) = &mut cursor[x];
-                let Some(&RowShare { card: c, rows }) = shares[x].get(*share) else {
+                let Some(c) = cursor.next_card(x) else {
                     continue;
                 };
-                *given += 1;
-                if *given == rows {
-                    (*share, *given) = (*share + 1, 0);
-                }
                 rows_on[c * e + x] += 1;
                 if last_token[c] != t {
                     last_token[c] = t;

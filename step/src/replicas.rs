@@ -35,6 +35,38 @@ pub struct RowShare {
     pub rows: usize,
 }
 
+/// Walks a step's rows in token order and says which card computes each: an expert's rows go
+/// to its shares in turn, each taking as many as it was given (what both the node's dispatcher
+/// and the planner's model of it need).
+#[derive(Debug)]
+pub struct ShareCursor<'a> {
+    shares: &'a [Vec<RowShare>],
+    /// Per expert: the share being given out and the rows it has had so far.
+    at: Vec<(usize, usize)>,
+}
+
+impl<'a> ShareCursor<'a> {
+    /// A cursor at every expert's first row.
+    pub fn new(shares: &'a [Vec<RowShare>]) -> Self {
+        ShareCursor {
+            shares,
+            at: vec![(0, 0); shares.len()],
+        }
+    }
+
+    /// The card computing `expert`'s next row (`None` for an expert with no share, or whose
+    /// shares are used up).
+    pub fn next_card(&mut self, expert: usize) -> Option<usize> {
+        let (share, given) = self.at.get_mut(expert)?;
+        let RowShare { card, rows } = *self.shares.get(expert)?.get(*share)?;
+        *given += 1;
+        if *given == rows {
+            (*share, *given) = (*share + 1, 0);
+        }
+        Some(card)
+    }
+}
+
 /// What the split of one layer needs.
 #[derive(Debug, Clone, Copy)]
 pub struct SplitInput<'a> {

@@ -192,3 +192,16 @@ fn balancedness_is_the_mean_over_the_largest() {
     assert_eq!(balancedness(&[0.0, 0.0]), 1.0);
     assert_eq!(balancedness(&[]), 1.0);
 }
+
+#[test]
+fn a_cursor_hands_each_experts_rows_to_its_shares_in_turn() {
+    let shares = vec![
+        vec![RowShare { card: 1, rows: 2 }, RowShare { card: 0, rows: 1 }],
+        vec![],
+    ];
+    let mut cursor = ShareCursor::new(&shares);
+    let got: Vec<Option<usize>> = (0..4).map(|_| cursor.next_card(0)).collect();
+    assert_eq!(got, vec![Some(1), Some(1), Some(0), None]);
+    assert_eq!(cursor.next_card(1), None, "an expert without shares");
+    assert_eq!(cursor.next_card(7), None, "an expert past the layer's");
+}
