@@ -46,6 +46,7 @@ fn tpot<N: AttentionNode>(
         prompt_len: PROMPT,
         block_table: ((i * blocks) as u32..((i + 1) * blocks) as u32).collect(),
         sample: Some(request),
+        cached_prefix: Vec::new(),
     };
     let prompts: Vec<StepEntry> = (0..batch)
         .map(|i| {

@@ -111,6 +111,10 @@ impl AttentionNode for CountedNode {
         self.inner.free(seqs)
     }
 
+    fn shares_kv_blocks(&self) -> bool {
+        self.inner.shares_kv_blocks()
+    }
+
     fn health_source(&self) -> Option<Arc<dyn HealthSource>> {
         self.inner.health_source()
     }
@@ -134,6 +138,7 @@ mod tests {
             prompt_len: 2,
             block_table: vec![seq as u32],
             sample: None,
+            cached_prefix: Vec::new(),
         };
         node.step(&StepBatch {
             entries: vec![entry(1), entry(2)],

@@ -169,6 +169,7 @@ fn the_plan_is_the_step_model_on_a_uniform_batch_for_every_shipped_file() {
                         logprobs: false,
                         top_logprobs: 0,
                     }),
+                    cached_prefix: Vec::new(),
                 })
                 .collect(),
         };

@@ -256,6 +256,10 @@ impl AttentionNode for RecordingNode {
         self.inner.free(seqs)
     }
 
+    fn shares_kv_blocks(&self) -> bool {
+        self.inner.shares_kv_blocks()
+    }
+
     fn health_source(&self) -> Option<Arc<dyn HealthSource>> {
         self.inner.health_source()
     }
@@ -326,6 +330,7 @@ mod tests {
                 prompt_len: 3,
                 block_table: vec![0],
                 sample: None,
+                cached_prefix: Vec::new(),
             }],
         };
         node.step(&batch).unwrap();

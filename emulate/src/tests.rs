@@ -69,6 +69,7 @@ fn emulation(cards: usize, replicate: bool, fault: Option<CardFault>) -> Emulati
                 max_num_batched_tokens: 256,
                 max_model_len: 512,
                 enable_chunked_prefill: true,
+                enable_prefix_caching: true,
             },
             max_waiting: 1024,
         },

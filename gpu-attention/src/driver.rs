@@ -101,6 +101,7 @@ pub fn generate_in_chunks(
                         logprobs: true,
                         top_logprobs: 0,
                     }),
+                    cached_prefix: Vec::new(),
                 });
                 if budget == 0 {
                     break;

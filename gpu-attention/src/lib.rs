@@ -20,6 +20,7 @@ pub mod kv_cache;
 pub mod merge;
 pub mod monolithic;
 pub mod node;
+mod prefix;
 pub mod remote;
 pub mod sampler;
 

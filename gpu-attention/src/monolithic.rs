@@ -9,7 +9,8 @@ use std::collections::HashMap;
 
 use model::forward::{LogitsFor, ReferenceModel, SeqChunk};
 
-use crate::sampler::{RowToSample, TokenHistory, sample_rows};
+use crate::prefix::FilledBlocks;
+use crate::sampler::{RowToSample, TokenHistory, record_tokens, sample_rows};
 use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 
 /// The reference model as an attention node.
@@ -37,10 +38,12 @@ impl MonolithicNode {
 }
 
 /// Checks one batch against the node's state: every sequence once, starts that match what is
-/// cached, block tables that cover the new tokens with valid block ids.
+/// cached, block tables that cover the new tokens with valid block ids, and cached prefixes
+/// only on a node that shares blocks (`filled`), on blocks it filled.
 pub(crate) fn validate_batch(
     batch: &StepBatch,
     capacity: KvCapacity,
+    filled: Option<&FilledBlocks>,
     cached_len: impl Fn(SeqId) -> usize,
 ) -> Result<(), StepError> {
     let mut seen = std::collections::HashSet::new();
@@ -57,7 +60,20 @@ pub(crate) fn validate_batch(
                 e.seq
             )));
         }
-        let cached = cached_len(e.seq);
+        let cached = if e.cached_prefix.is_empty() {
+            cached_len(e.seq)
+        } else {
+            match filled {
+                Some(filled) => filled.check(e)?,
+                None => {
+                    return Err(StepError::Invalid(format!(
+                        "sequence {} comes with a cached prefix, but this node keeps each                          sequence's keys and values apart and cannot share blocks",
+                        e.seq
+                    )));
+                }
+            }
+            e.cached_prefix.len()
+        };
         if e.start != cached {
             return Err(StepError::Invalid(format!(
                 "sequence {} starts at {} but {} tokens are cached",
@@ -101,7 +117,7 @@ impl AttentionNode for MonolithicNode {
     }
 
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
-        validate_batch(batch, self.capacity, |s| self.model.seq_len(s))?;
+        validate_batch(batch, self.capacity, None, |s| self.model.seq_len(s))?;
         let chunks: Vec<SeqChunk> = batch
             .entries
             .iter()
@@ -115,8 +131,7 @@ impl AttentionNode for MonolithicNode {
             .forward(&chunks, LogitsFor::LastToken)
             .map_err(StepError::compute)?;
         for e in &batch.entries {
-            let history = self.histories.entry(e.seq).or_default();
-            history.extend(&e.tokens, e.prompt_len);
+            record_tokens(&mut self.histories, e);
         }
         let rows: Vec<RowToSample<'_>> = batch
             .entries
@@ -204,6 +219,7 @@ mod tests {
             prompt_len: prompt.len(),
             block_table: vec![0, 1, 2, 3],
             sample: sample.then_some(request),
+            cached_prefix: Vec::new(),
         };
         let none = node
             .step(&StepBatch {
@@ -270,6 +286,7 @@ mod tests {
             prompt_len: tokens.len(),
             block_table: vec![2 * i as u32, 2 * i as u32 + 1],
             sample: sample.then_some(request(*seq)),
+            cached_prefix: Vec::new(),
         };
         let mut together =
             MonolithicNode::new(ReferenceModel::new(weights.clone()).unwrap(), capacity);
@@ -315,6 +332,7 @@ mod tests {
             prompt_len: 9,
             block_table: vec![0, 1],
             sample: None,
+            cached_prefix: Vec::new(),
         };
         let err = node
             .step(&StepBatch {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use model::sampling;
 use rayon::prelude::*;
 
-use step::{Penalties, SampleRequest, SampledToken, SeqId};
+use step::{Penalties, SampleRequest, SampledToken, SeqId, StepEntry};
 
 /// The tokens of one sequence, split into prompt and output, for penalties.
 #[derive(Debug, Clone, Default)]
@@ -46,6 +46,17 @@ impl TokenHistory {
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len.min(self.tokens.len())..]
     }
+}
+
+/// Records a step's new tokens in their sequence's history. An entry that starts its sequence
+/// (from 0, or after a cached prefix) starts the history afresh, with the cached tokens.
+pub(crate) fn record_tokens(histories: &mut HashMap<SeqId, TokenHistory>, e: &StepEntry) {
+    let history = histories.entry(e.seq).or_default();
+    if e.starts_sequence() {
+        *history = TokenHistory::default();
+        history.extend(&e.cached_prefix, e.prompt_len);
+    }
+    history.extend(&e.tokens, e.prompt_len);
 }
 
 /// Applies `penalties` to `logits` in place: repetition over every token seen, frequency and

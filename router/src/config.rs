@@ -15,6 +15,10 @@ pub struct SchedulerConfig {
     /// `enable_chunked_prefill`); without it a prompt waits until it fits in one step, and a
     /// prompt longer than `max_num_batched_tokens` is refused.
     pub enable_chunked_prefill: bool,
+    /// Reuse the keys and values of full KV blocks whose tokens, and every token before them,
+    /// match a block computed earlier (vLLM `enable_prefix_caching`, on by default as in vLLM
+    /// v1). Only on nodes that share blocks between sequences; outputs are the same either way.
+    pub enable_prefix_caching: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -24,6 +28,7 @@ impl Default for SchedulerConfig {
             max_num_batched_tokens: 2048,
             max_model_len: 4096,
             enable_chunked_prefill: true,
+            enable_prefix_caching: true,
         }
     }
 }

@@ -121,7 +121,9 @@ impl Router {
         for (index, node) in nodes.into_iter().enumerate() {
             let kv = node.kv_capacity();
             let health = node.health_source();
-            let scheduler = Scheduler::new(config.scheduler.clone(), kv.block_size, kv.num_blocks)
+            let mut scheduler_config = config.scheduler.clone();
+            scheduler_config.enable_prefix_caching &= node.shares_kv_blocks();
+            let scheduler = Scheduler::new(scheduler_config, kv.block_size, kv.num_blocks)
                 .map_err(|e| Error::Config(format!("attention node {index}: {e}")))?;
             let shared = Arc::new(NodeShared::new(Arc::clone(&not_started_total)));
             let (tx, rx) = channel();

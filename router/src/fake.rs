@@ -1,11 +1,13 @@
 //! A deterministic stand-in for an attention node, for tests and demos without a model.
 //!
 //! It keeps a real "KV cache" of token ids in the blocks the router assigns, checks that block
-//! tables are consistent (no block shared by two live sequences, enough blocks, positions that
-//! continue where the sequence left off), and picks each next token as a hash of every token of
-//! the sequence read back through its block table. So a sequence's tokens depend only on the
-//! sequence, never on what else is in the batch, and a router bug that hands one sequence's
-//! blocks to another, or forgets to re-prefill after a preemption, changes the output.
+//! tables are consistent (enough blocks, positions that continue where the sequence left off, no
+//! block written while another live sequence holds it, a cached prefix that holds the tokens the
+//! router says it does), and picks each next token as a hash of every token of the sequence read
+//! back through its block table. So a sequence's tokens depend only on the sequence, never on
+//! what else is in the batch, and a router bug that hands one sequence's blocks to another,
+//! shares a block that holds other tokens, or forgets to re-prefill after a preemption, changes
+//! the output or fails the step.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -68,6 +70,8 @@ pub struct FakeNodeConfig {
     pub gate: Option<Arc<StepGate>>,
     /// Every sample request seen, in order (to check what reached the node).
     pub observed: Option<Arc<Mutex<Vec<SampleRequest>>>>,
+    /// Let the router share full blocks between sequences (prefix caching).
+    pub shares_kv_blocks: bool,
 }
 
 impl Default for FakeNodeConfig {
@@ -80,6 +84,7 @@ impl Default for FakeNodeConfig {
             step_delay: Duration::ZERO,
             gate: None,
             observed: None,
+            shares_kv_blocks: true,
         }
     }
 }
@@ -90,8 +95,8 @@ pub struct FakeNode {
     config: FakeNodeConfig,
     /// Token stored in each cache slot (`block * block_size + offset`).
     slots: Vec<u32>,
-    /// The live sequence that owns each block.
-    owner: Vec<Option<SeqId>>,
+    /// The live sequences that hold each block.
+    holders: Vec<Vec<SeqId>>,
     /// Per live sequence: tokens in the cache, and its blocks.
     seqs: HashMap<SeqId, (usize, Vec<u32>)>,
     steps: u64,
@@ -109,7 +114,7 @@ impl FakeNode {
     pub fn new(config: FakeNodeConfig) -> Self {
         let slots = vec![0; config.block_size * config.num_blocks];
         FakeNode {
-            owner: vec![None; config.num_blocks],
+            holders: vec![Vec::new(); config.num_blocks],
             slots,
             seqs: HashMap::new(),
             steps: 0,
@@ -143,6 +148,38 @@ impl FakeNode {
         self.steps
     }
 
+    /// A cached prefix must be whole blocks that already hold exactly its tokens.
+    fn check_cached_prefix(&self, e: &step::StepEntry) -> Result<(), StepError> {
+        let n = e.cached_prefix.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if !self.config.shares_kv_blocks {
+            return Err(StepError::Invalid(format!(
+                "sequence {} comes with a cached prefix, but this node does not share blocks",
+                e.seq
+            )));
+        }
+        if !n.is_multiple_of(self.config.block_size)
+            || e.block_table.len() * self.config.block_size < n
+        {
+            return Err(StepError::Invalid(format!(
+                "sequence {}: a cached prefix of {n} tokens is not whole blocks of its table",
+                e.seq
+            )));
+        }
+        for (p, &t) in e.cached_prefix.iter().enumerate() {
+            let held = self.slots[self.slot(&e.block_table, p)];
+            if held != t {
+                return Err(StepError::Invalid(format!(
+                    "sequence {}: cached position {p} holds token {held}, not {t}",
+                    e.seq
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn slot(&self, table: &[u32], position: usize) -> usize {
         let bs = self.config.block_size;
         table[position / bs] as usize * bs + position % bs
@@ -167,7 +204,13 @@ impl AttentionNode for FakeNode {
         self.steps += 1;
         let mut out = StepOutput::default();
         for e in &batch.entries {
-            let known = self.seqs.get(&e.seq).map_or(0, |(len, _)| *len);
+            if e.starts_sequence() {
+                self.free(&[e.seq])?;
+            }
+            let known = self
+                .seqs
+                .get(&e.seq)
+                .map_or(e.cached_prefix.len(), |(len, _)| *len);
             if e.start != known {
                 return Err(StepError::Invalid(format!(
                     "sequence {} starts at {} but {known} of its tokens are cached",
@@ -182,22 +225,26 @@ impl AttentionNode for FakeNode {
                     e.block_table.len()
                 )));
             }
-            for &b in &e.block_table {
-                match self.owner.get(b as usize) {
-                    None => {
-                        return Err(StepError::Invalid(format!("block {b} does not exist")));
-                    }
-                    Some(Some(other)) if *other != e.seq => {
-                        return Err(StepError::Invalid(format!(
-                            "block {b} of live sequence {other} given to sequence {}",
-                            e.seq
-                        )));
-                    }
-                    _ => {}
+            self.check_cached_prefix(e)?;
+            let bs = self.config.block_size;
+            let written = e.start / bs..end.div_ceil(bs);
+            for (i, &b) in e.block_table.iter().enumerate() {
+                let Some(holders) = self.holders.get(b as usize) else {
+                    return Err(StepError::Invalid(format!("block {b} does not exist")));
+                };
+                let other = holders.iter().find(|&&s| s != e.seq);
+                if let (true, Some(other)) = (written.contains(&i), other) {
+                    return Err(StepError::Invalid(format!(
+                        "block {b} of live sequence {other} written by sequence {}",
+                        e.seq
+                    )));
                 }
             }
             for &b in &e.block_table {
-                self.owner[b as usize] = Some(e.seq);
+                let holders = &mut self.holders[b as usize];
+                if !holders.contains(&e.seq) {
+                    holders.push(e.seq);
+                }
             }
             for (i, &t) in e.tokens.iter().enumerate() {
                 let s = self.slot(&e.block_table, e.start + i);
@@ -243,12 +290,14 @@ impl AttentionNode for FakeNode {
         for s in seqs {
             if let Some((_, blocks)) = self.seqs.remove(s) {
                 for b in blocks {
-                    if self.owner[b as usize] == Some(*s) {
-                        self.owner[b as usize] = None;
-                    }
+                    self.holders[b as usize].retain(|h| h != s);
                 }
             }
         }
         Ok(())
+    }
+
+    fn shares_kv_blocks(&self) -> bool {
+        self.config.shares_kv_blocks
     }
 }

@@ -34,6 +34,7 @@ fn config(max_num_seqs: usize, max_waiting: usize) -> RouterConfig {
             max_num_batched_tokens: 64,
             max_model_len: 512,
             enable_chunked_prefill: true,
+            enable_prefix_caching: true,
         },
         max_waiting,
     }

@@ -276,6 +276,14 @@ impl Metrics {
             ("vllm:generation_tokens_total", "Tokens generated."),
             ("vllm:num_preemptions_total", "Preemptions by recompute."),
             (
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in tokens: every token of each request admitted with prefix caching on.",
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in tokens: prompt tokens whose KV blocks were found cached and not computed again.",
+            ),
+            (
                 "afd_computed_tokens_total",
                 "Tokens computed, recomputation included.",
             ),
@@ -430,6 +438,10 @@ impl Metrics {
             .absolute(stats.sum(|s| s.generation_tokens_total));
         self.counter("vllm:num_preemptions_total", &[])
             .absolute(stats.sum(|s| s.num_preemptions_total));
+        self.counter("vllm:prefix_cache_queries_total", &[])
+            .absolute(stats.sum(|s| s.prefix_cache_queries_total));
+        self.counter("vllm:prefix_cache_hits_total", &[])
+            .absolute(stats.sum(|s| s.prefix_cache_hits_total));
         self.counter("afd_computed_tokens_total", &[])
             .absolute(stats.sum(|s| s.computed_tokens_total));
         self.counter("afd_steps_total", &[])

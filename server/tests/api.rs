@@ -382,6 +382,33 @@ async fn tokenize_and_detokenize() {
 }
 
 #[tokio::test]
+async fn metrics_count_prefix_cache_queries_and_hits_in_tokens() {
+    let s = start().await;
+    let prompt = "the same long system prompt, word after word, ".repeat(4);
+    let n = s.tokenizer.encode(prompt.as_str(), false).unwrap().len();
+    assert!(n > 32, "{n} tokens: at least two blocks of 16");
+    for _ in 0..2 {
+        let (status, _) = s
+            .post(
+                "/v1/completions",
+                json!({"prompt": prompt, "max_tokens": 2}),
+            )
+            .await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(
+        s.metric("vllm:prefix_cache_queries_total").await,
+        Some(2.0 * n as f64)
+    );
+    // The second request finds the first's full blocks, its last token excepted.
+    let hit = (n - 1) / 16 * 16;
+    assert_eq!(
+        s.metric("vllm:prefix_cache_hits_total").await,
+        Some(hit as f64)
+    );
+}
+
+#[tokio::test]
 async fn metrics_count_requests_and_tokens() {
     let s = start().await;
     for _ in 0..2 {

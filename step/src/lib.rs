@@ -99,6 +99,18 @@ pub struct StepEntry {
     pub block_table: Vec<u32>,
     /// Sample after the last new token (false for prompt chunks that are not the last one).
     pub sample: Option<SampleRequest>,
+    /// On a sequence's first step after a prefix-cache hit: its first `start` tokens, whose
+    /// keys and values other sequences wrote into the first blocks of `block_table` (full
+    /// blocks, shared and never written again). Empty otherwise.
+    pub cached_prefix: Vec<u32>,
+}
+
+impl StepEntry {
+    /// Whether this entry starts its sequence on the node: from position 0, or after a cached
+    /// prefix. The node then forgets whatever it kept under the id.
+    pub fn starts_sequence(&self) -> bool {
+        self.start == self.cached_prefix.len()
+    }
 }
 
 /// One step of one attention node.
@@ -217,6 +229,14 @@ pub trait AttentionNode: Send {
 
     /// Forgets sequences (finished, cancelled or preempted); their blocks are the router's again.
     fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError>;
+
+    /// Whether the node reads a block named in several sequences' tables as the same keys and
+    /// values, so that the router may share full blocks between sequences (prefix caching) and
+    /// send [`StepEntry::cached_prefix`]. A node with per-sequence storage says no (the
+    /// default), and the router then never shares a block.
+    fn shares_kv_blocks(&self) -> bool {
+        false
+    }
 
     /// A handle on the node's view of its cards, for the router to read between steps from
     /// other threads; `None` for a node without cards (nothing can go down under it).

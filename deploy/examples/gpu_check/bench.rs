@@ -321,6 +321,7 @@ fn baseline(args: &Args, checkpoint: &Path) -> Result<()> {
         prompt_len: args.context,
         block_table: (0..blocks as u32).collect(),
         sample: Some(request),
+        cached_prefix: Vec::new(),
     };
     let prompt: Vec<u32> = (0..args.context)
         .map(|p| token(1, p, cfg.vocab_size))

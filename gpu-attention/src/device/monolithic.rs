@@ -15,7 +15,8 @@ use super::node::DeviceCompute;
 use super::spec::AttentionDevice;
 use crate::kv_cache::KvCacheConfig;
 use crate::monolithic::validate_batch;
-use crate::sampler::{RowToSample, TokenHistory, sample_rows};
+use crate::prefix::FilledBlocks;
+use crate::sampler::{RowToSample, TokenHistory, record_tokens, sample_rows};
 
 /// The whole model on a device as an attention node.
 #[derive(Debug)]
@@ -26,6 +27,8 @@ pub struct DeviceMonolithicNode {
     vocab: usize,
     seq_lens: HashMap<SeqId, usize>,
     histories: HashMap<SeqId, TokenHistory>,
+    /// The KV blocks this node filled, which a prefix-cache hit may name.
+    filled: FilledBlocks,
 }
 
 impl DeviceMonolithicNode {
@@ -50,6 +53,7 @@ impl DeviceMonolithicNode {
             .map_err(|e| StepError::Model(format!("preparing the model on {device}: {e}")))?;
         Ok(DeviceMonolithicNode {
             device,
+            filled: FilledBlocks::new(compute.capacity()),
             compute,
             rope: Rope::new(&weights.config),
             vocab: weights.config.vocab_size,
@@ -75,7 +79,11 @@ impl AttentionNode for DeviceMonolithicNode {
     }
 
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
-        validate_batch(batch, self.compute.capacity(), |s| {
+        for e in batch.entries.iter().filter(|e| e.starts_sequence()) {
+            self.seq_lens.remove(&e.seq);
+            self.histories.remove(&e.seq);
+        }
+        validate_batch(batch, self.compute.capacity(), Some(&self.filled), |s| {
             self.seq_lens.get(&s).copied().unwrap_or(0)
         })?;
         if batch.entries.is_empty() {
@@ -121,9 +129,9 @@ impl AttentionNode for DeviceMonolithicNode {
         debug_assert_eq!(x.dtype(), DType::F32);
         for e in &batch.entries {
             self.seq_lens.insert(e.seq, e.start + e.tokens.len());
-            let history = self.histories.entry(e.seq).or_default();
-            history.extend(&e.tokens, e.prompt_len);
+            record_tokens(&mut self.histories, e);
         }
+        self.filled.record(batch);
         let mut logit_rows = logits.chunks_exact(self.vocab.max(1));
         let mut rows = Vec::new();
         for e in &batch.entries {
@@ -152,6 +160,10 @@ impl AttentionNode for DeviceMonolithicNode {
             self.histories.remove(s);
         }
         Ok(())
+    }
+
+    fn shares_kv_blocks(&self) -> bool {
+        true
     }
 }
 

@@ -183,7 +183,7 @@ impl DisaggregatedNode {
     /// router may run it again or free them.
     pub(super) fn forget_tokens(&mut self, batch: &StepBatch) {
         for e in &batch.entries {
-            if e.start == 0 {
+            if e.starts_sequence() {
                 self.seq_lens.remove(&e.seq);
                 self.histories.remove(&e.seq);
             } else {

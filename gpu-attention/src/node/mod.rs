@@ -26,6 +26,7 @@ use crate::device::AttentionDevice;
 use crate::dispatch::ExpertPlacement;
 use crate::fabric::{CardFabric, SlotSizes};
 use crate::kv_cache::KvCacheConfig;
+use crate::prefix::FilledBlocks;
 use crate::sampler::TokenHistory;
 use compute::Compute;
 use overlap::OverlapTuner;
@@ -185,6 +186,8 @@ pub struct DisaggregatedNode {
     active: failover::ActiveCards,
     seq_lens: HashMap<SeqId, usize>,
     histories: HashMap<SeqId, TokenHistory>,
+    /// The KV blocks this node filled, which a prefix-cache hit may name.
+    filled: FilledBlocks,
     fabric: Box<dyn CardFabric>,
     step_counter: u64,
     stats: NodeStats,
@@ -227,6 +230,7 @@ impl DisaggregatedNode {
             )));
         }
         let compute = Compute::new(weights, &node.kv, node.device)?;
+        let filled = FilledBlocks::new(compute.capacity());
         let solo_pool = solo_pool(node.solo_threads, &compute)?;
         let board = Arc::new(CardBoard::new(&layout));
         Ok(DisaggregatedNode {
@@ -243,6 +247,7 @@ impl DisaggregatedNode {
             layout,
             seq_lens: HashMap::new(),
             histories: HashMap::new(),
+            filled,
             fabric,
             step_counter: 0,
             stats: NodeStats::default(),
@@ -422,6 +427,10 @@ impl AttentionNode for DisaggregatedNode {
             self.histories.remove(s);
         }
         Ok(())
+    }
+
+    fn shares_kv_blocks(&self) -> bool {
+        true
     }
 
     fn health_source(&self) -> Option<Arc<dyn HealthSource>> {

@@ -18,6 +18,7 @@ use crate::device::inputs::{MbInputs, SpanInput};
 use crate::dispatch::{DispatchPlan, plan_dispatch};
 use crate::fabric::Reply;
 use crate::monolithic::validate_batch;
+use crate::sampler::record_tokens;
 use step::{SeqId, StepBatch, StepError, StepOutput};
 
 /// One micro-batch's state through the layers.
@@ -51,13 +52,14 @@ impl DisaggregatedNode {
         batch: &StepBatch,
         two: bool,
     ) -> Result<StepOutput, StepError> {
-        // A sequence that starts at 0 is new, whatever this node remembers under its id (a
-        // frontend that restarted numbers its sequences from the start again).
-        for e in batch.entries.iter().filter(|e| e.start == 0) {
+        // A sequence that starts at 0 (or after a cached prefix) is new, whatever this node
+        // remembers under its id (a frontend that restarted numbers its sequences from the
+        // start again).
+        for e in batch.entries.iter().filter(|e| e.starts_sequence()) {
             self.seq_lens.remove(&e.seq);
             self.histories.remove(&e.seq);
         }
-        validate_batch(batch, self.compute.capacity(), |s| {
+        validate_batch(batch, self.compute.capacity(), Some(&self.filled), |s| {
             self.seq_lens.get(&s).copied().unwrap_or(0)
         })?;
         if batch.entries.is_empty() {
@@ -123,14 +125,12 @@ impl DisaggregatedNode {
         }
         for e in &batch.entries {
             self.seq_lens.insert(e.seq, e.start + e.tokens.len());
-            self.histories
-                .entry(e.seq)
-                .or_default()
-                .extend(&e.tokens, e.prompt_len);
+            record_tokens(&mut self.histories, e);
         }
         let out = self.lm_head_merge(batch, &sent, &mut stash);
-        if out.is_err() {
-            self.forget_tokens(batch);
+        match &out {
+            Ok(_) => self.filled.record(batch),
+            Err(_) => self.forget_tokens(batch),
         }
         out
     }

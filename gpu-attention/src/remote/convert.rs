@@ -31,6 +31,7 @@ pub fn batch_to_pb(batch: &StepBatch) -> pb::StepRequest {
                     top_logprobs: s.top_logprobs as u32,
                     logprobs: s.logprobs,
                 }),
+                cached_prefix: e.cached_prefix.clone(),
             })
             .collect(),
     }
@@ -64,6 +65,7 @@ pub fn batch_from_pb(request: pb::StepRequest) -> StepBatch {
                     logprobs: s.logprobs,
                     top_logprobs: s.top_logprobs as usize,
                 }),
+                cached_prefix: e.cached_prefix,
             })
             .collect(),
     }

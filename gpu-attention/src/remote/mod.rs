@@ -79,10 +79,13 @@ impl Attention for AttentionService {
         &self,
         _r: Request<pb::KvCapacityRequest>,
     ) -> Result<Response<pb::KvCapacityReply>, Status> {
-        let c = self.with_node(|n| n.kv_capacity()).await?;
+        let (c, shares) = self
+            .with_node(|n| (n.kv_capacity(), n.shares_kv_blocks()))
+            .await?;
         Ok(Response::new(pb::KvCapacityReply {
             block_size: c.block_size as u32,
             num_blocks: c.num_blocks as u32,
+            shares_kv_blocks: shares,
         }))
     }
 
@@ -116,6 +119,7 @@ pub struct RemoteNode {
     client: AttentionClient<tonic::transport::Channel>,
     runtime: tokio::runtime::Handle,
     capacity: KvCapacity,
+    shares_kv_blocks: bool,
     address: String,
     health: Arc<health::RemoteHealth>,
     /// The task that keeps `health` current; stopped with the node.
@@ -175,6 +179,7 @@ impl RemoteNode {
                 block_size: c.block_size as usize,
                 num_blocks: c.num_blocks as usize,
             },
+            shares_kv_blocks: c.shares_kv_blocks,
             address: address.to_owned(),
             health,
             poll,
@@ -205,6 +210,10 @@ impl AttentionNode for RemoteNode {
             }))
             .map_err(|s| from_status(&self.address, s))?;
         Ok(())
+    }
+
+    fn shares_kv_blocks(&self) -> bool {
+        self.shares_kv_blocks
     }
 
     fn health_source(&self) -> Option<Arc<dyn HealthSource>> {

@@ -10,6 +10,12 @@
 //! prefilled again later with its prompt and everything it had generated. No new request starts
 //! in a step that preempted.
 //!
+//! With prefix caching (on unless the config or the node says otherwise), a request that starts
+//! or restarts first takes the cached blocks holding the longest run of full blocks at the start
+//! of its tokens (never its last token, which must be computed for its logits), and its prefill
+//! begins after them; the node is told which tokens those blocks hold. Every full block a step
+//! computes is registered for later requests (see [`BlockManager`]).
+//!
 //! [`Scheduler::update_from_output`] takes the node's sampled tokens, appends them, checks the
 //! stop conditions and frees finished requests. The caller passes `now`; nothing here reads a
 //! clock, sleeps or does I/O, so the whole core is driven by tests with fake model outputs.
@@ -22,7 +28,7 @@ mod tests;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-pub use block_manager::BlockManager;
+pub use block_manager::{BlockHash, BlockManager};
 use request::Sequence;
 pub use request::{
     FinishReason, NewRequest, RequestId, RequestStatus, SchedulerOutput, SchedulerStats,
@@ -49,7 +55,9 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// A scheduler for a node whose cache has `num_blocks` blocks of `block_size` tokens.
+    /// A scheduler for a node whose cache has `num_blocks` blocks of `block_size` tokens
+    /// (prefix caching as `config` says: the caller turns it off for a node that cannot share
+    /// blocks).
     pub fn new(
         config: SchedulerConfig,
         block_size: usize,
@@ -80,7 +88,8 @@ impl Scheduler {
             )));
         }
         Ok(Scheduler {
-            blocks: BlockManager::new(block_size, num_blocks),
+            blocks: BlockManager::new(block_size, num_blocks)
+                .with_prefix_caching(config.enable_prefix_caching),
             config,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
@@ -133,6 +142,7 @@ impl Scheduler {
                 tokens: prompt,
                 num_computed: 0,
                 blocks: Vec::new(),
+                block_hashes: Vec::new(),
                 status: RequestStatus::Waiting,
                 params,
                 first_scheduled: None,
@@ -252,13 +262,24 @@ impl Scheduler {
                     self.waiting.pop_front();
                     continue;
                 };
+                // Waiting requests hold no block (new, or preempted and released).
+                let hit = Self::take_cached_prefix(&mut self.blocks, seq);
                 let remaining = seq.tokens.len() - seq.num_computed;
-                if !self.config.enable_chunked_prefill && remaining > budget {
+                let n = remaining.min(budget);
+                let fits = (self.config.enable_chunked_prefill || remaining <= budget)
+                    && self.blocks.grow_to(&mut seq.blocks, seq.num_computed + n);
+                if !fits {
+                    if hit > 0 {
+                        // Give the cached blocks back; the request tries again next step.
+                        self.blocks.release(&mut seq.blocks);
+                        seq.block_hashes.clear();
+                        seq.num_computed = 0;
+                    }
                     break;
                 }
-                let n = remaining.min(budget);
-                if !self.blocks.grow_to(&mut seq.blocks, seq.num_computed + n) {
-                    break;
+                if self.blocks.prefix_caching() {
+                    self.stats.prefix_cache_queries_total += seq.tokens.len() as u64;
+                    self.stats.prefix_cache_hits_total += hit as u64;
                 }
                 self.waiting.pop_front();
                 if seq.first_scheduled.is_none() {
@@ -278,6 +299,11 @@ impl Scheduler {
                 continue;
             };
             let end = seq.num_computed + n;
+            let cached_prefix = if seq.on_node {
+                Vec::new()
+            } else {
+                seq.tokens[..seq.num_computed].to_vec()
+            };
             seq.on_node = true;
             out.batch.entries.push(StepEntry {
                 seq: id,
@@ -286,6 +312,7 @@ impl Scheduler {
                 prompt_len: seq.prompt_len,
                 block_table: seq.blocks.clone(),
                 sample: (end == seq.tokens.len()).then_some(seq.params.sample),
+                cached_prefix,
             });
         }
         out.freed = self.take_freed();
@@ -320,11 +347,17 @@ impl Scheduler {
             };
             seq.num_computed += n;
             self.stats.computed_tokens_total += n as u64;
-            if entry.sample.is_none() {
+            let answered = sampled.get(&id);
+            if entry.sample.is_some() && answered.is_none() {
+                failed.push(id);
                 continue;
             }
-            let Some(s) = sampled.get(&id) else {
-                failed.push(id);
+            self.blocks.cache_full_blocks(
+                &seq.blocks,
+                &seq.tokens[..seq.num_computed],
+                &mut seq.block_hashes,
+            );
+            let Some(s) = answered else {
                 continue;
             };
             if seq.num_output() == 0 {
@@ -363,7 +396,10 @@ impl Scheduler {
     }
 
     /// Fails every request in a step (the node returned an error): they are dropped and freed.
+    /// The prefix cache is forgotten too: a node that failed a step may have lost its cache
+    /// (a restarted remote node), and a wrong hit would be a wrong answer, not an error.
     pub fn fail_step(&mut self, scheduled: &SchedulerOutput) -> Vec<RequestId> {
+        self.blocks.reset_prefix_cache();
         let ids: Vec<RequestId> = scheduled
             .num_scheduled_tokens
             .iter()
@@ -380,6 +416,7 @@ impl Scheduler {
             return;
         };
         self.blocks.release(&mut seq.blocks);
+        seq.block_hashes.clear();
         seq.num_computed = 0;
         seq.status = RequestStatus::Preempted;
         seq.num_preemptions += 1;
@@ -388,6 +425,21 @@ impl Scheduler {
         }
         self.stats.num_preemptions_total += 1;
         self.waiting.push_front(id);
+    }
+
+    /// Takes the cached blocks holding the longest run of full blocks at the start of a
+    /// sequence that holds no block and has computed nothing, leaving at least its last token to compute. Returns the
+    /// tokens they hold (now counted as computed).
+    fn take_cached_prefix(blocks: &mut BlockManager, seq: &mut Sequence) -> usize {
+        debug_assert!(seq.blocks.is_empty() && seq.num_computed == 0);
+        let Some(last) = seq.tokens.len().checked_sub(1) else {
+            return 0;
+        };
+        let hits = blocks.find_cached_prefix(&seq.tokens[..last]);
+        blocks.share(&mut seq.blocks, &hits);
+        seq.block_hashes = hits.iter().map(|&(_, hash)| hash).collect();
+        seq.num_computed = hits.len() * blocks.block_size();
+        seq.num_computed
     }
 
     /// Forgets a request that is in neither queue any more.

@@ -4,6 +4,8 @@ use std::time::Instant;
 
 use step::{SampleRequest, StepBatch};
 
+use super::BlockHash;
+
 /// A request's id, unique within one router; it is also the node's sequence id.
 pub type RequestId = u64;
 
@@ -83,6 +85,8 @@ pub(crate) struct Sequence {
     pub(crate) num_computed: usize,
     /// Physical KV blocks, in order.
     pub(crate) blocks: Vec<u32>,
+    /// Prefix-cache hashes of the full blocks registered so far (or taken from the cache).
+    pub(crate) block_hashes: Vec<BlockHash>,
     pub(crate) status: RequestStatus,
     pub(crate) params: SequenceParams,
     pub(crate) first_scheduled: Option<Instant>,
@@ -148,6 +152,11 @@ pub struct SchedulerStats {
     pub computed_tokens_total: u64,
     /// Steps run.
     pub steps_total: u64,
+    /// Tokens looked up in the prefix cache: every token of each request admitted with
+    /// prefix caching on (vLLM's `prefix_cache_queries`).
+    pub prefix_cache_queries_total: u64,
+    /// Of those, tokens found cached, whose prefill was skipped (vLLM's `prefix_cache_hits`).
+    pub prefix_cache_hits_total: u64,
     /// Tokens in the last step.
     pub last_step_tokens: usize,
 }
@@ -178,6 +187,7 @@ mod tests {
             prompt_len: n,
             block_table: vec![0],
             sample: None,
+            cached_prefix: Vec::new(),
         }
     }
 

@@ -13,6 +13,7 @@ use crate::fake::{FakeNode, FakeNodeConfig};
 
 mod accounting;
 mod admission;
+mod prefix_caching;
 
 fn config(max_num_seqs: usize, budget: usize, max_model_len: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -20,6 +21,7 @@ fn config(max_num_seqs: usize, budget: usize, max_model_len: usize) -> Scheduler
         max_num_batched_tokens: budget,
         max_model_len,
         enable_chunked_prefill: true,
+        enable_prefix_caching: true,
     }
 }
 
@@ -107,20 +109,26 @@ impl Harness {
     }
 
     fn check_invariants(&self) {
-        let mut seen = HashSet::new();
-        let mut used = 0;
+        let mut holders: HashMap<u32, u32> = HashMap::new();
         for seq in self.sched.seqs.values() {
+            let mut own = HashSet::new();
             for &b in &seq.blocks {
-                assert!(seen.insert(b), "block {b} held twice");
+                assert!(own.insert(b), "block {b} twice in one table");
+                *holders.entry(b).or_default() += 1;
             }
-            used += seq.blocks.len();
             assert!(seq.blocks.len() >= self.sched.blocks.blocks_for(seq.num_computed));
         }
         assert_eq!(
-            used,
+            holders.len(),
             self.sched.blocks.num_used(),
             "leaked or double-counted blocks"
         );
+        for (&b, &n) in &holders {
+            assert_eq!(self.sched.blocks.holders(b), n, "holders of block {b}");
+            if n > 1 {
+                assert!(self.sched.blocks.prefix_caching(), "block {b} shared");
+            }
+        }
     }
 }
 

@@ -72,6 +72,7 @@ pub fn router_config(max_num_seqs: usize, max_waiting: usize) -> RouterConfig {
             max_num_batched_tokens: 256,
             max_model_len: 256,
             enable_chunked_prefill: true,
+            enable_prefix_caching: true,
         },
         max_waiting,
     }

@@ -52,6 +52,20 @@ pub struct ServeArgs {
     /// Requests allowed to wait for a slot; beyond it the server answers 429.
     #[arg(long, default_value_t = 1024)]
     max_waiting: usize,
+    /// Reuse the KV blocks of prompt prefixes computed before (vLLM's automatic prefix
+    /// caching, on by default; --no-enable-prefix-caching turns it off). Outputs are the same
+    /// either way; the reference forward (--reference on the CPU) keeps no blocks to share.
+    #[arg(
+        long = "enable-prefix-caching",
+        overrides_with = "no_enable_prefix_caching"
+    )]
+    enable_prefix_caching: bool,
+    /// Turn automatic prefix caching off.
+    #[arg(
+        long = "no-enable-prefix-caching",
+        overrides_with = "enable_prefix_caching"
+    )]
+    no_enable_prefix_caching: bool,
     /// Model id in /v1/models and responses; default: the --model path as given.
     #[arg(long)]
     served_model_name: Option<String>,
@@ -412,6 +426,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_num_batched_tokens: args.cluster.node.max_num_batched_tokens,
             max_model_len,
             enable_chunked_prefill: true,
+            enable_prefix_caching: !args.no_enable_prefix_caching,
         },
         max_waiting: args.max_waiting,
     };

@@ -66,8 +66,12 @@ fn stats_count_steps_computed_prompt_and_generated_tokens_of_a_chunked_prefill()
 fn stats_count_preempted_waiting_requests_apart_from_new_ones() {
     // 4 blocks of 4 tokens. Requests 1 and 2 (4-token prompts, 8 tokens each) hold 2 blocks
     // each after their 5th token; at step 6 request 1 needs a 3rd block (9 tokens), so the
-    // newest, request 2, is preempted. Request 3 is held back by max_num_seqs = 2.
-    let mut h = Harness::new(config(2, 1000, 16), 4, 4);
+    // newest, request 2, is preempted. Request 3 is held back by max_num_seqs = 2. Without
+    // prefix caching, so that request 2 is recomputed whole (`prefix_caching.rs` has the
+    // same preemption with it).
+    let mut cfg = config(2, 1000, 16);
+    cfg.enable_prefix_caching = false;
+    let mut h = Harness::new(cfg, 4, 4);
     h.sched.add_request(request(1, 4, 8)).unwrap();
     h.sched.add_request(request(2, 4, 8)).unwrap();
     h.sched.add_request(request(3, 3, 1)).unwrap();
