@@ -37,7 +37,8 @@
 # afd-8cards (`--activation-dtype mxint8`: MXFP4 experts take MXINT8 inputs and integer block
 # sums, as llama.cpp's MXFP4 path takes 8-bit ones; bf16 weights as with bf16), and the `-ct2`
 # twins of afd-2cards-auto, afd-2cards-bf16-auto and afd-8cards-mxint8-auto (`--card-threads 2`:
-# each card's executor on two threads).
+# each card's executor on two threads), and `afd-2cards-no-prefix-caching` (the -auto one with
+# `--no-enable-prefix-caching`; with --prefix-len, what prefix caching saves).
 # With --with-llamacpp, llama.cpp's llama-server is a variant too (`llama-server`), built from
 # source and fed a GGUF converted from the same checkpoint by scripts/bench_llamacpp.sh (both
 # cached under the cargo target folder), served with `-t THREADS -np <largest concurrency> -kvu
@@ -54,6 +55,9 @@
 #   --concurrency LIST  concurrencies to measure [BENCH_CONCURRENCY=1,4,16]
 #   --prompts-per-slot K  requests per run = K x concurrency, at least 4 [BENCH_PROMPTS_PER_SLOT=2]
 #   --input-len N       prompt tokens [BENCH_INPUT_LEN=64]
+#   --prefix-len N      tokens of one prefix every prompt starts with, before its own
+#                       --input-len (a shared system prompt; afd-loadtest --prefix-len)
+#                       [BENCH_PREFIX_LEN=0]
 #   --output-len N      output tokens [BENCH_OUTPUT_LEN=32]
 #   --variants LIST     a subset, e.g. monolithic,afd-2cards [BENCH_VARIANTS=all]
 #   --with-hf | --no-hf force or skip the transformers peer [BENCH_HF=auto]
@@ -80,6 +84,7 @@ rounds="${BENCH_ROUNDS:-3}"
 concurrency="${BENCH_CONCURRENCY:-1,4,16}"
 prompts_per_slot="${BENCH_PROMPTS_PER_SLOT:-2}"
 input_len="${BENCH_INPUT_LEN:-64}"
+prefix_len="${BENCH_PREFIX_LEN:-0}"
 output_len="${BENCH_OUTPUT_LEN:-32}"
 variant_filter="${BENCH_VARIANTS:-all}"
 hf_mode="${BENCH_HF:-auto}"
@@ -107,6 +112,7 @@ while [[ $# -gt 0 ]]; do
         --concurrency) need_value "$@"; concurrency="$2"; shift 2 ;;
         --prompts-per-slot) need_value "$@"; prompts_per_slot="$2"; shift 2 ;;
         --input-len) need_value "$@"; input_len="$2"; shift 2 ;;
+        --prefix-len) need_value "$@"; prefix_len="$2"; shift 2 ;;
         --output-len) need_value "$@"; output_len="$2"; shift 2 ;;
         --variants) need_value "$@"; variant_filter="$2"; shift 2 ;;
         --with-hf) hf_mode=on; shift ;;
@@ -127,6 +133,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a whole number >= 1, not '$rounds'"
 [[ "$concurrency" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--concurrency takes a list like 1,4,16, not '$concurrency'"
+[[ "$prefix_len" =~ ^[0-9]+$ ]] || die "--prefix-len must be a whole number, not '$prefix_len'"
 [[ "$output_len" =~ ^[0-9]+$ && "$output_len" -ge 2 ]] || die "--output-len must be >= 2 (TPOT needs two tokens)"
 out="${out:-$repo/bench-results/suite-$(date -u +%Y%m%d-%H%M%S)}"
 case "$llamacpp_mode" in on|1|yes) llamacpp_mode=on ;; off|0|no) llamacpp_mode=off ;;
@@ -160,6 +167,7 @@ all_variants=(
     "afd-8cards-mxint8|--cards 8 --micro-batches 2 --activation-dtype mxint8"
     "afd-8cards-mxint8-auto|--cards 8 --activation-dtype mxint8"
     "afd-2cards-ct2|--cards 2 --card-threads 2"
+    "afd-2cards-no-prefix-caching|--cards 2 --no-enable-prefix-caching"
     "afd-2cards-bf16-ct2|--cards 2 --activation-dtype bf16 --card-threads 2"
     "afd-8cards-mxint8-ct2|--cards 8 --activation-dtype mxint8 --card-threads 2"
 )
@@ -243,7 +251,8 @@ prompt_vocab=$(( vocab < 1000 ? vocab : 1000 ))
     if [[ $llamacpp_mode == on ]]; then
         echo "llama.cpp: ${llamacpp_version:-unknown}; $llamacpp_gguf ($(du -h "$llamacpp_gguf" | cut -f1)); llama-server -t $llamacpp_threads -np $llamacpp_slots -kvu --no-cache-prompt -c $llamacpp_ctx $llamacpp_extra"
     fi
-    echo "workload: input $input_len tokens, output $output_len tokens (ignore_eos), concurrency $concurrency, $prompts_per_slot x concurrency requests per run (at least 4), $rounds round(s)"
+    shared=""; if [[ $prefix_len != 0 ]]; then shared=" after a shared prefix of $prefix_len"; fi
+    echo "workload: input $input_len tokens$shared, output $output_len tokens (ignore_eos), concurrency $concurrency, $prompts_per_slot x concurrency requests per run (at least 4), $rounds round(s)"
 } >"$out/machine.txt"
 cat "$out/machine.txt" >&2
 
@@ -254,6 +263,11 @@ case "$hf_mode" in
     off|0|no) run_hf=0 ;;
     *) if "$hf_python" -c 'import torch, transformers' >/dev/null 2>&1; then run_hf=1; fi ;;
 esac
+# The transformers script has no shared prefix: its workload would not be the same one.
+if [[ $prefix_len != 0 && $run_hf == 1 ]]; then
+    [[ $hf_mode == auto ]] || die "--with-hf cannot run --prefix-len (the transformers peer sends no shared prefix)"
+    run_hf=0
+fi
 if [[ $run_hf == 1 ]]; then
     log "transformers peer: on ($hf_python)"
 else
@@ -313,7 +327,7 @@ run_variant() {
         prompts=$(( c * prompts_per_slot < 4 ? 4 : c * prompts_per_slot ))
         "$loadtest" --base-url "http://127.0.0.1:$port" --model bench \
             --max-concurrency "$c" --num-prompts "$prompts" \
-            --input-len "$input_len" --output-len "$output_len" --ignore-eos \
+            --input-len "$input_len" --prefix-len "$prefix_len" --output-len "$output_len" --ignore-eos \
             --vocab-size "$prompt_vocab" --seed "$round" --num-warmups 1 \
             --label "$name" --no-progress --no-plots \
             --result-dir "$out/runs/$name" --result-filename "r$round-c$c.json" \
@@ -367,7 +381,8 @@ shopt -u nullglob
 baseline="${baseline:-${inputs[0]%%=*}}"
 # A checkpoint passed with --model is named by its folder; one synthesized here by family and preset.
 if [[ "$model" == "$target/bench-models/$family-$preset" ]]; then model_name="$family $preset"; else model_name="$(basename "$model")"; fi
-title="$model_name, in $input_len / out $output_len tokens, $(nproc) cores"
+in_tokens="$input_len"; if [[ $prefix_len != 0 ]]; then in_tokens="$prefix_len shared + $input_len"; fi
+title="$model_name, in $in_tokens / out $output_len tokens, $(nproc) cores"
 "$loadtest" compare "${inputs[@]}" --baseline "$baseline" --out "$out" --title "$title" \
     >/dev/null 2>"$out/logs/compare.log" || { cat "$out/logs/compare.log" >&2; die "afd-loadtest compare failed"; }
 if [[ -d "$out/runs/afd-2cards" && -d "$out/runs/afd-2cards-no-overlap" ]]; then

@@ -405,6 +405,7 @@ fn a_modeled_clock_serves_what_the_emulation_computes() {
         prompts: loadtest::PromptConfig {
             source: loadtest::PromptSource::TokenIds,
             input_len: 32,
+            prefix_len: 0,
             output_len: 12,
             range_ratio: 0.0,
             vocab_size: 200,

@@ -92,6 +92,7 @@ fn bench(prompts: usize, rate: f64, concurrency: Option<usize>) -> BenchmarkConf
         prompts: PromptConfig {
             source: PromptSource::TokenIds,
             input_len: 64,
+            prefix_len: 0,
             output_len: 16,
             range_ratio: 0.0,
             vocab_size: 100,

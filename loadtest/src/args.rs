@@ -32,6 +32,10 @@ pub struct WorkloadArgs {
     /// Prompt length in tokens (words for text prompts).
     #[arg(long, default_value_t = 1024)]
     pub input_len: usize,
+    /// Tokens (words for text) of one prefix shared by every prompt, before its own
+    /// --input-len: a long system prompt, what prefix caching serves from cache.
+    #[arg(long, alias = "random-prefix-len", default_value_t = 0)]
+    pub prefix_len: usize,
     /// Output length in tokens (max_tokens); add --ignore-eos to get exactly this many.
     #[arg(long, default_value_t = 128)]
     pub output_len: usize,
@@ -104,6 +108,7 @@ impl WorkloadArgs {
         config.prompts = PromptConfig {
             source: self.prompt_source()?,
             input_len: self.input_len,
+            prefix_len: self.prefix_len,
             output_len: self.output_len,
             range_ratio: self.range_ratio,
             vocab_size: self.vocab_size,

@@ -75,6 +75,10 @@ pub struct PromptConfig {
     pub source: PromptSource,
     /// Prompt length in tokens (words for random text). vLLM's `--random-input-len` default.
     pub input_len: usize,
+    /// Tokens (words for text) of one prefix drawn once per run and put before every prompt,
+    /// as a long shared system prompt is: what prefix caching serves from cache. Each prompt
+    /// is then `prefix_len + input_len` long. vLLM's `--random-prefix-len`; 0 for none.
+    pub prefix_len: usize,
     /// Output length in tokens, sent as `max_tokens` / `max_completion_tokens`.
     pub output_len: usize,
     /// Each length is drawn uniformly from `[len * (1 - r), len * (1 + r)]`, as vLLM's random
@@ -89,6 +93,7 @@ impl Default for PromptConfig {
         PromptConfig {
             source: PromptSource::Auto,
             input_len: 1024,
+            prefix_len: 0,
             output_len: 128,
             range_ratio: 0.0,
             vocab_size: 1000,

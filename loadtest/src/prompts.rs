@@ -272,44 +272,66 @@ pub fn build_requests<R: Rng>(
     match config.effective_prompt_source() {
         PromptSource::File(path) => {
             let lines = read_prompt_file(&path)?;
-            Ok(requests_from_lines(
-                &lines,
-                n,
-                p.output_len,
-                p.range_ratio,
-                rng,
-            ))
+            let prefix = random_words(p.prefix_len, rng);
+            let mut reqs = requests_from_lines(&lines, n, p.output_len, p.range_ratio, rng);
+            if !prefix.is_empty() {
+                for r in &mut reqs {
+                    if let Prompt::Text(text) = &mut r.prompt {
+                        *text = format!("{prefix} {text}");
+                    }
+                    r.prompt_len += p.prefix_len;
+                }
+            }
+            Ok(reqs)
         }
-        PromptSource::RandomWords => Ok((0..n)
-            .map(|_| {
-                let input = sample_length(p.input_len, p.range_ratio, 1, rng);
-                let output = sample_length(p.output_len, p.range_ratio, 1, rng);
-                let words: Vec<&str> = (0..input)
-                    .map(|_| WORDS[rng.random_range(0..WORDS.len())])
-                    .collect();
-                RequestSpec {
-                    prompt: Prompt::Text(words.join(" ")),
-                    prompt_len: input,
-                    output_len: output,
-                }
-            })
-            .collect()),
+        PromptSource::RandomWords => {
+            let prefix = random_words(p.prefix_len, rng);
+            Ok((0..n)
+                .map(|_| {
+                    let input = sample_length(p.input_len, p.range_ratio, 1, rng);
+                    let output = sample_length(p.output_len, p.range_ratio, 1, rng);
+                    let own = random_words(input, rng);
+                    let text = if prefix.is_empty() {
+                        own
+                    } else {
+                        format!("{prefix} {own}")
+                    };
+                    RequestSpec {
+                        prompt: Prompt::Text(text),
+                        prompt_len: p.prefix_len + input,
+                        output_len: output,
+                    }
+                })
+                .collect())
+        }
         // Auto was resolved above; token ids are the remaining case.
-        PromptSource::TokenIds | PromptSource::Auto => Ok((0..n)
-            .map(|_| {
-                let input = sample_length(p.input_len, p.range_ratio, 1, rng);
-                let output = sample_length(p.output_len, p.range_ratio, 1, rng);
-                let ids = (0..input)
-                    .map(|_| rng.random_range(0..p.vocab_size))
-                    .collect();
-                RequestSpec {
-                    prompt: Prompt::TokenIds(ids),
-                    prompt_len: input,
-                    output_len: output,
-                }
-            })
-            .collect()),
+        PromptSource::TokenIds | PromptSource::Auto => {
+            let prefix: Vec<u32> = (0..p.prefix_len)
+                .map(|_| rng.random_range(0..p.vocab_size))
+                .collect();
+            Ok((0..n)
+                .map(|_| {
+                    let input = sample_length(p.input_len, p.range_ratio, 1, rng);
+                    let output = sample_length(p.output_len, p.range_ratio, 1, rng);
+                    let mut ids = prefix.clone();
+                    ids.extend((0..input).map(|_| rng.random_range(0..p.vocab_size)));
+                    RequestSpec {
+                        prompt_len: ids.len(),
+                        prompt: Prompt::TokenIds(ids),
+                        output_len: output,
+                    }
+                })
+                .collect())
+        }
     }
+}
+
+/// `count` random common words joined by spaces.
+fn random_words<R: Rng>(count: usize, rng: &mut R) -> String {
+    let words: Vec<&str> = (0..count)
+        .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+        .collect();
+    words.join(" ")
 }
 
 /// `n` requests cycling through `lines`; prompt lengths are word counts (an estimate).
@@ -369,6 +391,7 @@ mod tests {
             prompts: PromptConfig {
                 source,
                 input_len: 32,
+                prefix_len: 0,
                 output_len: 8,
                 range_ratio: 0.0,
                 vocab_size: 50,
@@ -401,6 +424,37 @@ mod tests {
             panic!("chat must use text");
         };
         assert_eq!(text.split(' ').count(), 32);
+    }
+
+    #[test]
+    fn a_shared_prefix_starts_every_prompt_and_the_rest_differs() {
+        for endpoint in [EndpointKind::Completions, EndpointKind::Chat] {
+            let mut cfg = config(PromptSource::Auto, endpoint);
+            cfg.prompts.prefix_len = 24;
+            cfg.prompts.vocab_size = 1000;
+            let reqs = build_requests(&cfg, &mut StdRng::seed_from_u64(3)).unwrap();
+            let tokens: Vec<Vec<String>> = reqs
+                .iter()
+                .map(|r| match &r.prompt {
+                    Prompt::TokenIds(ids) => ids.iter().map(u32::to_string).collect(),
+                    Prompt::Text(t) => t.split(' ').map(str::to_string).collect(),
+                })
+                .collect();
+            for (r, t) in reqs.iter().zip(&tokens) {
+                assert_eq!(t.len(), 24 + 32, "{endpoint:?}");
+                assert_eq!(r.prompt_len, 24 + 32);
+                assert_eq!(
+                    t[..24],
+                    tokens[0][..24],
+                    "{endpoint:?}: the prefix is shared"
+                );
+            }
+            assert_ne!(
+                tokens[0][24..],
+                tokens[1][24..],
+                "{endpoint:?}: the rest is not"
+            );
+        }
     }
 
     #[test]

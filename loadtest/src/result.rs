@@ -64,8 +64,10 @@ pub struct FailureReason {
 pub struct WorkloadInfo {
     /// `token-ids`, `random-words` or `file:<path>`.
     pub prompt_source: String,
-    /// Configured prompt length.
+    /// Configured prompt length (after the shared prefix).
     pub input_len: usize,
+    /// Tokens of the prefix every prompt shares (0: none).
+    pub prefix_len: usize,
     /// Configured output length.
     pub output_len: usize,
     /// Length spread.

@@ -185,6 +185,7 @@ pub fn benchmark_result(
                 PromptSource::File(path) => format!("file:{}", path.display()),
             },
             input_len: config.prompts.input_len,
+            prefix_len: config.prompts.prefix_len,
             output_len: config.prompts.output_len,
             range_ratio: config.prompts.range_ratio,
             ignore_eos: config.ignore_eos,

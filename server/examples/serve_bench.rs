@@ -203,6 +203,7 @@ async fn main() -> anyhow::Result<()> {
                 prompts: PromptConfig {
                     source: PromptSource::TokenIds,
                     input_len: args.input_len,
+                    prefix_len: 0,
                     output_len: args.output_len,
                     range_ratio: 0.0,
                     vocab_size: 256,
