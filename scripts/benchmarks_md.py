@@ -150,7 +150,10 @@ def suite_table(spec, where):
         if missing:
             raise ResultError(f"{where}: {spec['suite_json']} has no {missing}")
         afd, peer = (points[a][fig["metric"]] for a in at)
-        ratio = (afd / peer).quantize(Decimal("0.01"))
+        ratio = afd / peer
+        # Three significant digits (two decimals from 1 up), so a small ratio keeps its own.
+        places = max(2, 2 - ratio.adjusted())
+        ratio = ratio.quantize(Decimal(1).scaleb(-places))
         figures.append(dict(fig, afd=three_digits(afd), peer=three_digits(peer), ratio=ratio))
     spec["figures"] = figures
     return spec
