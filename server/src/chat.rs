@@ -22,9 +22,9 @@ use crate::protocol::chat::{
 use crate::protocol::{Usage, random_id, unix_now};
 use crate::sse::{ChunkWriter, json_event, stream_response};
 use crate::state::AppState;
-use crate::tool_parsing::{OutputParser, ParseEvent, ParsedOutput, coalesce};
+use crate::tool_parsing::{ChoiceParser, ParseEvent, ParsedOutput};
 use crate::tools::{prepare_tool_turns, resolve_tool_use, uses_tools};
-use crate::validation::{resolve_max_tokens, validate_common};
+use crate::validation::{Validated, resolve_max_tokens, validate_common};
 
 /// The handler.
 pub async fn chat_completions(
@@ -70,12 +70,26 @@ pub fn render_prompt(
     }
 }
 
-async fn handle(
+/// A chat request turned into a running generation: what an endpoint writes out.
+pub(crate) struct ChatRun {
+    /// Every choice's deltas.
+    pub stream: generation::ChoiceStream,
+    /// The prompt's token ids.
+    pub prompt: Vec<u32>,
+    /// One per choice, when the output is parsed for reasoning or tool calls.
+    pub parsers: Option<Vec<ChoiceParser>>,
+    /// The validated parameters.
+    pub params: Validated,
+    /// Whether each token's logprob was asked for.
+    pub want_logprobs: bool,
+}
+
+/// Validates `req`, renders and encodes its prompt, and starts every choice.
+pub(crate) async fn start_chat(
     state: &Arc<AppState>,
-    body: &[u8],
+    req: ChatCompletionRequest,
     arrival: Instant,
-) -> Result<Response, ApiError> {
-    let req: ChatCompletionRequest = parse_body(body)?;
+) -> Result<ChatRun, ApiError> {
     state.check_model(req.common.model.as_deref())?;
     let mut params = validate_common(&req.common, &state.limits)?;
     let tool_use = resolve_tool_use(
@@ -133,11 +147,10 @@ async fn handle(
     // The prompt's end says where the output starts (inside a message, inside `<think>`).
     let parsers: Option<Vec<ChoiceParser>> = (0..params.n)
         .map(|_| {
-            tool_use.parsers.build(&text).map(|parser| ChoiceParser {
-                parser,
-                parallel: tool_use.parallel,
-                call_ids: Vec::new(),
-            })
+            tool_use
+                .parsers
+                .build(&text)
+                .map(|parser| ChoiceParser::new(parser, tool_use.parallel))
         })
         .collect();
     let prompt = state
@@ -165,6 +178,28 @@ async fn handle(
         arrival,
     };
     let stream = generation::start(state, &spec, choices)?;
+    Ok(ChatRun {
+        stream,
+        prompt,
+        parsers,
+        params,
+        want_logprobs,
+    })
+}
+
+async fn handle(
+    state: &Arc<AppState>,
+    body: &[u8],
+    arrival: Instant,
+) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse_body(body)?;
+    let ChatRun {
+        stream,
+        prompt,
+        parsers,
+        params,
+        want_logprobs,
+    } = start_chat(state, req, arrival).await?;
     let out = Output {
         state: Arc::clone(state),
         id: random_id("chatcmpl"),
@@ -198,50 +233,6 @@ struct Output {
     prompt: Vec<u32>,
     /// One per choice, when the output is parsed for reasoning or tool calls.
     parsers: Option<Vec<ChoiceParser>>,
-}
-
-/// The reasoning and tool-call parser of one choice, and the ids its calls got.
-struct ChoiceParser {
-    parser: Box<dyn OutputParser>,
-    /// Keep every call, or only the first (`parallel_tool_calls: false`).
-    parallel: bool,
-    call_ids: Vec<String>,
-}
-
-impl ChoiceParser {
-    /// The events of the next text (and of the end, when `last`), merged, with the calls
-    /// past the first dropped unless parallel calls are on.
-    fn events(&mut self, text: &str, last: bool) -> Vec<ParseEvent> {
-        let mut events = self.parser.push(text);
-        if last {
-            events.extend(self.parser.finish());
-        }
-        let parallel = self.parallel;
-        events.retain(|e| match e {
-            ParseEvent::ToolCallStart { index, .. }
-            | ParseEvent::ToolCallArguments { index, .. } => parallel || *index == 0,
-            ParseEvent::Reasoning(_) | ParseEvent::Content(_) => true,
-        });
-        coalesce(events)
-    }
-
-    /// The id of call `index`, made when first asked for.
-    fn call_id(&mut self, index: usize) -> String {
-        while self.call_ids.len() <= index {
-            self.call_ids
-                .push(format!("call_{:024x}", rand::random::<u128>() >> 32));
-        }
-        self.call_ids[index].clone()
-    }
-
-    /// The finish reason: `tool_calls` when a choice that stopped by itself called tools.
-    fn finish_reason(&self, reason: &'static str) -> &'static str {
-        if reason == "stop" && !self.call_ids.is_empty() {
-            "tool_calls"
-        } else {
-            reason
-        }
-    }
 }
 
 /// The streamed delta of one event.

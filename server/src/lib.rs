@@ -9,7 +9,8 @@
 //! Entry point: [`Server::bind`] (or [`serve`]) with a [`ServerConfig`] and a running
 //! [`router::Router`], then [`Server::run_until`] a stop signal, which drains (see
 //! [`lifecycle`]). Routes, as vLLM serves them: `POST /v1/completions`,
-//! `POST /v1/chat/completions`, `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
+//! `POST /v1/chat/completions`, `POST /v1/responses` (stateless: [`responses`]),
+//! `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /health` (`/ping`), `GET /metrics`, `GET /version`.
 //!
 //! Layout: I/O-free pieces ([`detokenize`], [`stop`], [`validation`], [`chat_template`],
@@ -33,6 +34,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod models;
 pub mod protocol;
+pub mod responses;
 pub mod sse;
 pub mod state;
 pub mod stop;
@@ -63,6 +65,8 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
     let api = axum::Router::new()
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/responses", post(responses::responses))
+        .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/models", get(models::list_models))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -1,4 +1,5 @@
-//! Server-sent events: `data: {json}` per chunk, an error as a data event, `data: [DONE]` last.
+//! Server-sent events: `data: {json}` per chunk, an error as a data event, `data: [DONE]` last
+//! (the chat and completions convention; `/v1/responses` ends with its own typed events).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -17,6 +18,16 @@ pub trait ChunkWriter: Send + 'static {
     fn delta(&mut self, delta: ChoiceDelta) -> Vec<Event>;
     /// The final usage chunk, if the client asked for it.
     fn usage(&mut self) -> Option<Event>;
+    /// What follows the last delta: the usage chunk, then `data: [DONE]`.
+    fn end(&mut self) -> Vec<Event> {
+        let mut events: Vec<Event> = self.usage().into_iter().collect();
+        events.push(Event::default().data("[DONE]"));
+        events
+    }
+    /// What a failed generation ends with: the error as a data event, then `data: [DONE]`.
+    fn failed(&mut self, error: &ApiError) -> Vec<Event> {
+        vec![error_event(error), Event::default().data("[DONE]")]
+    }
 }
 
 /// `data: <json>`.
@@ -38,7 +49,7 @@ struct Pump<W> {
     queue: VecDeque<Event>,
 }
 
-/// The streaming response: every delta through `writer`, then usage, then `[DONE]`.
+/// The streaming response: every delta through `writer`, then its end (or its failure).
 pub fn stream_response<W: ChunkWriter>(
     choices: ChoiceStream,
     writer: W,
@@ -64,15 +75,13 @@ pub fn stream_response<W: ChunkWriter>(
                     on_error(&e);
                     // Dropping the other choices aborts them.
                     p.choices = None;
-                    p.queue.push_back(error_event(&e));
-                    p.queue.push_back(Event::default().data("[DONE]"));
+                    let events = p.writer.failed(&e);
+                    p.queue.extend(events);
                 }
                 None => {
                     p.choices = None;
-                    if let Some(u) = p.writer.usage() {
-                        p.queue.push_back(u);
-                    }
-                    p.queue.push_back(Event::default().data("[DONE]"));
+                    let events = p.writer.end();
+                    p.queue.extend(events);
                 }
             }
         }

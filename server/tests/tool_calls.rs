@@ -5,33 +5,11 @@
 mod common;
 
 use common::*;
-use model::{Family, ModelTokenizer};
-use router::fake::{FakeNode, FakeNodeConfig};
+use model::Family;
 use serde_json::{Value, json};
-use step::AttentionNode;
 
 const TOOL_TURN: &str = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
 const ANSWER_TURN: &str = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Four.<|return|>";
-
-/// A server whose node writes `output` (tokenized with the family's own tokenizer, special
-/// tokens included), with auto tool choice on unless `auto` is false.
-async fn scripted(family: Family, output: &str, auto: bool) -> TestServer {
-    let dir = tiny_checkpoint_of(family);
-    let tokenizer = ModelTokenizer::load(dir.path()).unwrap();
-    let script = tokenizer.encode(output, false).unwrap();
-    let node = FakeNodeConfig {
-        script: Some(script),
-        ..Default::default()
-    };
-    let nodes: Vec<Box<dyn AttentionNode>> = vec![Box::new(FakeNode::new(node.clone()))];
-    // Byte-level tokens: prompts with tools are long.
-    let mut router = router_config(8, 16);
-    router.scheduler.max_model_len = 2048;
-    start_family(family, node, nodes, router, |c| {
-        c.enable_auto_tool_choice = auto;
-    })
-    .await
-}
 
 fn weather_request(extra: Value) -> Value {
     let mut body = json!({

@@ -38,7 +38,7 @@ pub struct ChatMessage {
 }
 
 /// A chat completions request.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 pub struct ChatCompletionRequest {
     /// The conversation.
     pub messages: Option<Vec<ChatMessage>>,

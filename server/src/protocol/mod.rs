@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod responses;
 
 use serde::{Deserialize, Serialize};
 

@@ -13,6 +13,7 @@
 //! (`[TOOL_CALLS] [{"name", "arguments"}, ...]`). A reasoning stage and a tool stage chain:
 //! the tool parser sees only the reasoning parser's content.
 
+pub mod choice;
 pub mod harmony;
 pub mod hermes;
 pub mod markers;
@@ -23,6 +24,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use model::Family;
+
+pub use choice::ChoiceParser;
 
 /// What a parser found in a piece of text.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -155,6 +155,26 @@ pub async fn start() -> TestServer {
     start_with(FakeNodeConfig::default(), 1, router_config(64, 256)).await
 }
 
+/// A server whose node writes `output` (tokenized with the family's own tokenizer, special
+/// tokens included), with auto tool choice on unless `auto` is false.
+pub async fn scripted(family: model::Family, output: &str, auto: bool) -> TestServer {
+    let dir = tiny_checkpoint_of(family);
+    let tokenizer = ModelTokenizer::load(dir.path()).unwrap();
+    let script = tokenizer.encode(output, false).unwrap();
+    let node = FakeNodeConfig {
+        script: Some(script),
+        ..Default::default()
+    };
+    let nodes: Vec<Box<dyn AttentionNode>> = vec![Box::new(FakeNode::new(node.clone()))];
+    // Byte-level tokens: prompts with tools are long.
+    let mut router = router_config(8, 16);
+    router.scheduler.max_model_len = 2048;
+    start_family(family, node, nodes, router, |c| {
+        c.enable_auto_tool_choice = auto;
+    })
+    .await
+}
+
 impl TestServer {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
