@@ -38,6 +38,7 @@ fn tpot<N: AttentionNode>(
         penalties: Default::default(),
         logprobs: false,
         top_logprobs: 0,
+        allowed: None,
     };
     let entry = |i: usize, tokens: Vec<u32>, start: usize| StepEntry {
         seq: i as u64,
@@ -45,7 +46,7 @@ fn tpot<N: AttentionNode>(
         start,
         prompt_len: PROMPT,
         block_table: ((i * blocks) as u32..((i + 1) * blocks) as u32).collect(),
-        sample: Some(request),
+        sample: Some(request.clone()),
         cached_prefix: Vec::new(),
     };
     let prompts: Vec<StepEntry> = (0..batch)

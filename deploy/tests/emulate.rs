@@ -168,6 +168,7 @@ fn the_plan_is_the_step_model_on_a_uniform_batch_for_every_shipped_file() {
                         penalties: Default::default(),
                         logprobs: false,
                         top_logprobs: 0,
+                        allowed: None,
                     }),
                     cached_prefix: Vec::new(),
                 })

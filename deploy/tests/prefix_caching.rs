@@ -62,8 +62,10 @@ async fn run(router: &Router, prompts: &[(Vec<u32>, usize)]) -> Vec<Vec<u32>> {
                             penalties: Penalties::default(),
                             logprobs: false,
                             top_logprobs: 0,
+                            allowed: None,
                         },
                         stop_token_ids: Vec::new(),
+                        constraint: None,
                     },
                     arrival: Instant::now(),
                 })

@@ -119,8 +119,10 @@ impl Emulation {
                             penalties: Penalties::default(),
                             logprobs: false,
                             top_logprobs: 0,
+                            allowed: None,
                         },
                         stop_token_ids: stop_token_ids.clone(),
+                        constraint: None,
                     },
                     arrival,
                 }

@@ -1,12 +1,14 @@
 //! An attention node without numerics, for emulations that do not run the model: it keeps no
 //! KV cache, samples a fixed token that ends no sequence (so every request runs to its
-//! `max_tokens`, as with `ignore_eos`), and routes every token of every MoE layer with a
+//! `max_tokens`, as with `ignore_eos`; a constrained row takes the next token its mask allows), and routes every token of every MoE layer with a
 //! [`RoutingGenerator`]. The router's scheduler drives it exactly as it drives a real node.
 
 use std::collections::HashSet;
 
+use step::constraint::MASK_WAIT;
 use step::{
     AttentionNode, KvCapacity, SampledToken, SeqId, StepBatch, StepError, StepOutput, StepRouting,
+    TokenMask,
 };
 
 use crate::routing::RoutingGenerator;
@@ -35,6 +37,20 @@ impl SyntheticNode {
             known: HashSet::new(),
         }
     }
+}
+
+/// The token a constrained row answers: `token` when `mask` allows it, else the first allowed
+/// token after it (wrapping around the mask's ids), so an emulation with structured output
+/// runs its grammar as a real node would drive it; `token` itself when the mask allows none
+/// (the router then refuses it).
+pub fn allowed_from(token: u32, mask: &TokenMask) -> u32 {
+    if mask.allows(token) {
+        return token;
+    }
+    mask.iter()
+        .find(|&t| t > token)
+        .or_else(|| mask.iter().next())
+        .unwrap_or(token)
 }
 
 impl AttentionNode for SyntheticNode {
@@ -76,19 +92,26 @@ impl AttentionNode for SyntheticNode {
                 });
             }
         }
-        Ok(StepOutput {
-            sampled: batch
-                .entries
-                .iter()
-                .filter(|e| e.sample.is_some())
-                .map(|e| SampledToken {
-                    seq: e.seq,
-                    token: self.token,
-                    logprob: 0.0,
-                    top_logprobs: Vec::new(),
-                })
-                .collect(),
-        })
+        let mut sampled = Vec::new();
+        for e in &batch.entries {
+            let Some(sample) = &e.sample else { continue };
+            let token = match &sample.allowed {
+                None => self.token,
+                Some(handle) => {
+                    let mask = handle.wait(MASK_WAIT).map_err(|why| {
+                        StepError::Model(format!("the allowed tokens of sequence {}: {why}", e.seq))
+                    })?;
+                    allowed_from(self.token, &mask)
+                }
+            };
+            sampled.push(SampledToken {
+                seq: e.seq,
+                token,
+                logprob: 0.0,
+                top_logprobs: Vec::new(),
+            });
+        }
+        Ok(StepOutput { sampled })
     }
 
     fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError> {
@@ -107,5 +130,76 @@ impl AttentionNode for SyntheticNode {
 
     fn take_routing(&mut self) -> Option<StepRouting> {
         self.last.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use step::{AllowedTokens, SampleRequest, StepEntry};
+
+    fn entry(seq: SeqId, allowed: Option<AllowedTokens>) -> StepEntry {
+        StepEntry {
+            seq,
+            tokens: vec![1, 2, 3],
+            start: 0,
+            prompt_len: 3,
+            block_table: vec![seq as u32],
+            sample: Some(SampleRequest {
+                params: Default::default(),
+                penalties: Default::default(),
+                logprobs: false,
+                top_logprobs: 0,
+                allowed,
+            }),
+            cached_prefix: Vec::new(),
+        }
+    }
+
+    /// A constrained row answers the node's token when its mask allows it, else the next
+    /// allowed one (wrapping); a row without a mask the node's token; a mask that failed fails
+    /// the step.
+    #[test]
+    fn constrained_rows_answer_an_allowed_token() {
+        let kv = KvCapacity {
+            block_size: 4,
+            num_blocks: 8,
+        };
+        let mut node = SyntheticNode::new(kv, None, 5);
+        let ready = |tokens: &[u32]| {
+            Some(AllowedTokens::ready(TokenMask::from_tokens(
+                16,
+                tokens.iter().copied(),
+            )))
+        };
+        let batch = StepBatch {
+            entries: vec![
+                entry(0, None),
+                entry(1, ready(&[2, 9, 12])),
+                entry(2, ready(&[1, 3])),
+                entry(3, ready(&[5, 6])),
+            ],
+        };
+        let tokens: Vec<u32> = node
+            .step(&batch)
+            .unwrap()
+            .sampled
+            .iter()
+            .map(|s| s.token)
+            .collect();
+        assert_eq!(tokens, vec![5, 9, 1, 5]);
+        assert_eq!(allowed_from(5, &TokenMask::none(16)), 5);
+
+        let failed = AllowedTokens::pending();
+        failed.fill(Err("the grammar broke".into()));
+        let err = node
+            .step(&StepBatch {
+                entries: vec![entry(4, Some(failed))],
+            })
+            .unwrap_err();
+        assert!(
+            matches!(&err, StepError::Model(m) if m.contains("the grammar broke")),
+            "{err}"
+        );
     }
 }

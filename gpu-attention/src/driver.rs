@@ -100,6 +100,7 @@ pub fn generate_in_chunks(
                         // The JSON reports every token's logprob.
                         logprobs: true,
                         top_logprobs: 0,
+                        allowed: None,
                     }),
                     cached_prefix: Vec::new(),
                 });

@@ -148,7 +148,7 @@ impl AttentionNode for MonolithicNode {
             })
             .collect();
         Ok(StepOutput {
-            sampled: sample_rows(&rows),
+            sampled: sample_rows(&rows)?,
         })
     }
 
@@ -166,7 +166,7 @@ mod tests {
     use super::*;
     use model::generate::{GenerationRequest, generate};
     use model::sampling::SamplingParams;
-    use step::{SampleRequest, StepEntry};
+    use step::{AllowedTokens, SampleRequest, StepEntry, TokenMask};
 
     fn tiny() -> (tempfile::TempDir, model::ModelWeights) {
         let dir = tempfile::tempdir().unwrap();
@@ -210,6 +210,7 @@ mod tests {
             penalties: Default::default(),
             logprobs: true,
             top_logprobs: 2,
+            allowed: None,
         };
         // Prefill in two chunks, then decode.
         let entry = |tokens: Vec<u32>, start: usize, sample: bool| StepEntry {
@@ -218,7 +219,7 @@ mod tests {
             start,
             prompt_len: prompt.len(),
             block_table: vec![0, 1, 2, 3],
-            sample: sample.then_some(request),
+            sample: sample.then(|| request.clone()),
             cached_prefix: Vec::new(),
         };
         let none = node
@@ -272,6 +273,7 @@ mod tests {
             penalties: Default::default(),
             logprobs: true,
             top_logprobs: 3,
+            allowed: None,
         };
         let prompts: [(SeqId, Vec<u32>, bool); 4] = [
             (3, vec![5, 9, 77], true),
@@ -315,6 +317,66 @@ mod tests {
             assert_eq!(g.top_logprobs, a.top_logprobs);
             assert_eq!(g.top_logprobs.len(), 3);
         }
+    }
+
+    /// A greedy row whose mask refuses the unconstrained choice samples the second best token,
+    /// waiting for a mask filled from another thread, with the unconstrained logprob and
+    /// alternatives; a failed mask fails the step.
+    #[test]
+    fn a_constrained_greedy_row_samples_the_best_allowed_token() {
+        let (_dir, weights) = tiny();
+        let vocab = weights.config.vocab_size;
+        let capacity = KvCapacity {
+            block_size: 4,
+            num_blocks: 8,
+        };
+        let entry = |allowed: Option<AllowedTokens>| StepEntry {
+            seq: 2,
+            tokens: vec![5, 9, 77, 100, 3],
+            start: 0,
+            prompt_len: 5,
+            block_table: vec![0, 1],
+            sample: Some(SampleRequest {
+                params: SamplingParams::greedy(),
+                penalties: Default::default(),
+                logprobs: true,
+                top_logprobs: vocab.min(20),
+                allowed,
+            }),
+            cached_prefix: Vec::new(),
+        };
+        let step = |allowed| {
+            let mut node =
+                MonolithicNode::new(ReferenceModel::new(weights.clone()).unwrap(), capacity);
+            node.step(&StepBatch {
+                entries: vec![entry(allowed)],
+            })
+            .map(|mut out| out.sampled.remove(0))
+        };
+        let free = step(None).unwrap();
+        // The alternatives rank the unconstrained distribution: the second is the best token
+        // once the first is refused (lowest id first on ties, as greedy breaks them).
+        let second = free.top_logprobs[1];
+        let mask = TokenMask::from_tokens(vocab, (0..vocab as u32).filter(|&t| t != free.token));
+        let handle = AllowedTokens::pending();
+        let filler = handle.clone();
+        let fill = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            filler.fill(Ok(mask));
+        });
+        let got = step(Some(handle)).unwrap();
+        fill.join().unwrap();
+        assert_eq!(got.token, second.0);
+        assert_eq!(got.logprob, second.1);
+        assert_eq!(got.top_logprobs, free.top_logprobs);
+
+        let failed = AllowedTokens::pending();
+        failed.fill(Err("the grammar broke".into()));
+        let err = step(Some(failed)).unwrap_err();
+        assert!(
+            matches!(&err, StepError::Model(m) if m.contains("the grammar broke")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! seeded sampling (`model::sampling`), and logprobs.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use model::sampling;
 use rayon::prelude::*;
 
-use step::{Penalties, SampleRequest, SampledToken, SeqId, StepEntry};
+use step::constraint::MASK_WAIT;
+use step::{Penalties, SampleRequest, SampledToken, SeqId, StepEntry, StepError, TokenMask};
 
 /// The tokens of one sequence, split into prompt and output, for penalties.
 #[derive(Debug, Clone, Default)]
@@ -113,23 +115,87 @@ pub fn top_n(logprobs: &[f32], n: usize) -> Vec<(u32, f32)> {
     idx.into_iter().map(|i| (i, logprobs[i as usize])).collect()
 }
 
-/// Samples the token at `position` of `seq` from a full row of logits.
+/// The mask a row samples under, waited for (up to [`MASK_WAIT`]): `None` for a row without a
+/// constraint. The router fills the handle on another thread while the step runs, so only the
+/// sampler waits, and only when it reaches the row; a mask that never came (or whose grammar
+/// failed) fails the step rather than sampling a token the grammar would refuse.
+pub fn allowed_mask(
+    seq: SeqId,
+    request: &SampleRequest,
+) -> Result<Option<Arc<TokenMask>>, StepError> {
+    match &request.allowed {
+        None => Ok(None),
+        Some(handle) => handle
+            .wait(MASK_WAIT)
+            .map(Some)
+            .map_err(|e| StepError::Model(format!("the allowed tokens of sequence {seq}: {e}"))),
+    }
+}
+
+/// Samples the token at `position` of `seq` from a full row of logits, under the row's mask
+/// when it has one (waited for with [`allowed_mask`]; its error fails the step).
 pub fn sample_row(
     seq: SeqId,
     logits: &[f32],
     request: &SampleRequest,
     history: &TokenHistory,
     position: u64,
+) -> Result<SampledToken, StepError> {
+    let mask = allowed_mask(seq, request)?;
+    Ok(sample_masked_row(
+        seq,
+        logits,
+        request,
+        mask.as_deref(),
+        history,
+        position,
+    ))
+}
+
+/// [`sample_row`] with the row's mask already at hand (`None`: any token).
+///
+/// The sampled token is one the mask allows: every other logit is set to -inf in a copy (after
+/// the penalties, which leave -inf alone but could turn it into NaN with a repetition penalty
+/// of 0), so greedy, the Gumbel draw and the filters (which renormalize over what is left) see
+/// only allowed tokens. The logprob and the top alternatives stay those of the raw,
+/// unconstrained and unpenalized row, as vLLM reports them. A mask that allows no token of the
+/// row is ignored: the router refuses the token and fails the request with its own message.
+pub fn sample_masked_row(
+    seq: SeqId,
+    logits: &[f32],
+    request: &SampleRequest,
+    mask: Option<&TokenMask>,
+    history: &TokenHistory,
+    position: u64,
 ) -> SampledToken {
     // Only the sampled token's log-probability is always wanted: the row's log-sum-exp, and
     // its log-probabilities only for alternatives.
     let lse = sampling::log_sum_exp(logits);
-    let token = if request.penalties.is_active() {
-        let mut penalized = logits.to_vec();
-        apply_penalties(&mut penalized, &request.penalties, history);
-        sampling::sample(&penalized, &request.params, position)
-    } else {
-        sampling::sample(logits, &request.params, position)
+    let mask = mask.filter(|m| allows_any(m, logits.len()));
+    let token = match mask {
+        Some(mask) => {
+            let mut masked = logits.to_vec();
+            apply_penalties(&mut masked, &request.penalties, history);
+            for (t, l) in masked.iter_mut().enumerate() {
+                if !mask.allows(t as u32) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            let token = sampling::sample(&masked, &request.params, position);
+            if mask.allows(token) {
+                token
+            } else {
+                // Every allowed logit is -inf or NaN: no draw can tell them apart, so the best
+                // of them by value (lowest id on ties) stands in.
+                best_allowed(&masked, mask)
+            }
+        }
+        None if request.penalties.is_active() => {
+            let mut penalized = logits.to_vec();
+            apply_penalties(&mut penalized, &request.penalties, history);
+            sampling::sample(&penalized, &request.params, position)
+        }
+        None => sampling::sample(logits, &request.params, position),
     };
     SampledToken {
         seq,
@@ -141,6 +207,29 @@ pub fn sample_row(
             Vec::new()
         },
     }
+}
+
+/// Whether `mask` allows any token of a row of `len` logits (its lowest allowed token is in
+/// the row).
+fn allows_any(mask: &TokenMask, len: usize) -> bool {
+    mask.iter().next().is_some_and(|t| (t as usize) < len)
+}
+
+/// The allowed token of the largest logit (NaN counts as -inf; lowest id on ties), for a row
+/// where `mask` allows at least one token.
+fn best_allowed(logits: &[f32], mask: &TokenMask) -> u32 {
+    let mut best: Option<(u32, f32)> = None;
+    for (t, &l) in logits.iter().enumerate() {
+        let t = t as u32;
+        if !mask.allows(t) {
+            continue;
+        }
+        let l = if l.is_nan() { f32::NEG_INFINITY } else { l };
+        if best.is_none_or(|(_, b)| l > b) {
+            best = Some((t, l));
+        }
+    }
+    best.map_or(0, |(t, _)| t)
 }
 
 /// One row of a step to sample with [`sample_row`].
@@ -161,16 +250,33 @@ pub struct RowToSample<'a> {
 /// [`sample_row`] of every row, on the rayon pool, in the rows' order. A row is a few passes
 /// over the vocabulary (0.3 ms for 32,000 logits on a 2-core EPYC VM), which one after another
 /// left the other core idle for about a tenth of a 16-sequence decode step of the reference
-/// node. Each row's result depends on that row alone.
-pub fn sample_rows(rows: &[RowToSample<'_>]) -> Vec<SampledToken> {
-    rows.par_iter()
-        .map(|r| sample_row(r.seq, r.logits, r.request, r.history, r.position))
-        .collect()
+/// node. Each row's result depends on that row alone. The rows' masks are waited for first, on
+/// this thread, so that no worker of the pool blocks on one; a mask's error fails the step.
+pub fn sample_rows(rows: &[RowToSample<'_>]) -> Result<Vec<SampledToken>, StepError> {
+    let masks = rows
+        .iter()
+        .map(|r| allowed_mask(r.seq, r.request))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows
+        .par_iter()
+        .zip(&masks)
+        .map(|(r, mask)| {
+            sample_masked_row(
+                r.seq,
+                r.logits,
+                r.request,
+                mask.as_deref(),
+                r.history,
+                r.position,
+            )
+        })
+        .collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use step::AllowedTokens;
 
     #[test]
     fn penalties_follow_vllm() {
@@ -210,6 +316,7 @@ mod tests {
                 penalties: Penalties::default(),
                 logprobs: true,
                 top_logprobs: 1,
+                allowed: None,
             };
             let filtered = SampleRequest {
                 params: sampling::SamplingParams {
@@ -223,11 +330,11 @@ mod tests {
                     frequency: 0.0,
                     repetition: 1.1,
                 },
-                ..plain
+                ..plain.clone()
             };
             for (name, request) in [("plain", &plain), ("filtered", &filtered)] {
                 for position in 0..16 {
-                    let got = sample_row(7, &logits, request, &history, position);
+                    let got = sample_row(7, &logits, request, &history, position).unwrap();
                     assert_eq!(got.token, 2, "{name} at {temperature}");
                     assert_eq!(got.logprob, raw[2], "{name} at {temperature}");
                 }
@@ -278,12 +385,182 @@ mod tests {
                 penalties: Penalties::default(),
                 logprobs: true,
                 top_logprobs: top,
+                allowed: None,
             };
-            let got = sample_row(1, &logits, &request, &TokenHistory::default(), position);
+            let got = sample_row(1, &logits, &request, &TokenHistory::default(), position).unwrap();
             assert_eq!(got.logprob.to_bits(), raw[got.token as usize].to_bits());
             assert_eq!(got.top_logprobs, top_n(&raw, top));
             assert_eq!(got.top_logprobs.len(), top);
         }
+    }
+
+    fn masked(params: sampling::SamplingParams, mask: TokenMask, top: usize) -> SampleRequest {
+        SampleRequest {
+            params,
+            penalties: Penalties::default(),
+            logprobs: true,
+            top_logprobs: top,
+            allowed: Some(AllowedTokens::ready(mask)),
+        }
+    }
+
+    fn spread_logits(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect()
+    }
+
+    /// A masked greedy row samples the best allowed token (lowest id on ties), with the raw
+    /// row's logprob and alternatives.
+    #[test]
+    fn a_masked_greedy_row_samples_the_best_allowed_token() {
+        let logits = [1.0f32, 4.0, 3.0, 0.5, 3.0, -2.0];
+        let raw = sampling::log_softmax(&logits);
+        let h = TokenHistory::default();
+        for (allowed, expected) in [
+            (vec![0, 2, 4], 2),
+            (vec![4, 5], 4),
+            (vec![5, 3], 3),
+            (vec![1], 1),
+        ] {
+            let request = masked(
+                sampling::SamplingParams::greedy(),
+                TokenMask::from_tokens(6, allowed.clone()),
+                3,
+            );
+            let got = sample_row(2, &logits, &request, &h, 9).unwrap();
+            assert_eq!(got.token, expected, "{allowed:?}");
+            assert_eq!(got.logprob.to_bits(), raw[expected as usize].to_bits());
+            assert_eq!(got.top_logprobs, top_n(&raw, 3));
+            assert_eq!(got.top_logprobs[0].0, 1);
+        }
+    }
+
+    /// Seeded draws, with and without filters and penalties, over many seeds and positions
+    /// only ever give allowed tokens, with the raw logprob (never NaN); and they spread over
+    /// the allowed tokens rather than sticking to one.
+    #[test]
+    fn masked_sampling_only_draws_allowed_tokens() {
+        let logits = spread_logits(300);
+        let raw = sampling::log_softmax(&logits);
+        let mut h = TokenHistory::default();
+        h.extend(&[3, 17, 17, 250], 2);
+        let allowed: Vec<u32> = (0..300).filter(|t| t % 7 == 3 || *t == 17).collect();
+        let mask = TokenMask::from_tokens(300, allowed.iter().copied());
+        let settings = [
+            (1.0, 1.0, 0, 0.0),
+            (0.7, 0.9, 0, 0.0),
+            (1.3, 1.0, 5, 0.0),
+            (1.0, 1.0, 0, 0.2),
+            (0.9, 0.8, 20, 0.05),
+        ];
+        for (temperature, top_p, top_k, min_p) in settings {
+            for penalties in [
+                Penalties::default(),
+                Penalties {
+                    presence: 0.3,
+                    frequency: 0.2,
+                    repetition: 1.3,
+                },
+            ] {
+                let mut seen = std::collections::HashSet::new();
+                for seed in 0..60u64 {
+                    let params = sampling::SamplingParams {
+                        temperature,
+                        top_p,
+                        top_k,
+                        min_p,
+                        seed,
+                    };
+                    let request = SampleRequest {
+                        penalties,
+                        ..masked(params, mask.clone(), 0)
+                    };
+                    let got = sample_row(1, &logits, &request, &h, seed * 3 + 1).unwrap();
+                    assert!(mask.allows(got.token), "{params:?} drew {}", got.token);
+                    assert_eq!(got.logprob.to_bits(), raw[got.token as usize].to_bits());
+                    seen.insert(got.token);
+                }
+                if top_k != 5 && min_p == 0.0 && top_p == 1.0 {
+                    assert!(seen.len() > 3, "{temperature} drew only {seen:?}");
+                }
+            }
+        }
+        // A mask of every token changes nothing.
+        for seed in 0..20u64 {
+            let params = sampling::SamplingParams {
+                temperature: 0.9,
+                top_p: 0.8,
+                top_k: 20,
+                min_p: 0.05,
+                seed,
+            };
+            let all = masked(params, TokenMask::all(300), 2);
+            let free = SampleRequest {
+                allowed: None,
+                ..all.clone()
+            };
+            assert_eq!(
+                sample_row(1, &logits, &all, &h, seed).unwrap(),
+                sample_row(1, &logits, &free, &h, seed).unwrap()
+            );
+        }
+    }
+
+    /// A mask that allows no token of the row (only ids past its end) is ignored; a mask over
+    /// fewer ids than the row refuses the ids past its end.
+    #[test]
+    fn a_mask_allowing_nothing_in_the_row_is_ignored() {
+        let logits = [1.0f32, 4.0, 3.0];
+        let h = TokenHistory::default();
+        let beyond = masked(
+            sampling::SamplingParams::greedy(),
+            TokenMask::from_tokens(10, [7, 9]),
+            0,
+        );
+        assert_eq!(sample_row(0, &logits, &beyond, &h, 0).unwrap().token, 1);
+        let short = masked(
+            sampling::SamplingParams::greedy(),
+            TokenMask::from_tokens(1, [0]),
+            0,
+        );
+        assert_eq!(sample_row(0, &logits, &short, &h, 0).unwrap().token, 0);
+    }
+
+    /// A mask whose computation failed fails the row (and with it the batch), naming the
+    /// sequence and the reason; the other rows' masks do not matter.
+    #[test]
+    fn a_failed_mask_fails_the_step() {
+        let logits = spread_logits(40);
+        let failed = AllowedTokens::pending();
+        failed.fill(Err("the grammar cannot continue".into()));
+        let request = SampleRequest {
+            allowed: Some(failed),
+            ..masked(sampling::SamplingParams::greedy(), TokenMask::all(40), 0)
+        };
+        let h = TokenHistory::default();
+        let err = sample_row(42, &logits, &request, &h, 0).unwrap_err();
+        let StepError::Model(message) = &err else {
+            panic!("{err:?}");
+        };
+        assert!(message.contains("sequence 42"), "{message}");
+        assert!(message.contains("the grammar cannot continue"), "{message}");
+        let fine = masked(sampling::SamplingParams::greedy(), TokenMask::all(40), 0);
+        let row = |seq, request| RowToSample {
+            seq,
+            logits: &logits,
+            request,
+            history: &h,
+            position: 0,
+        };
+        assert_eq!(
+            sample_rows(&[row(1, &fine), row(2, &fine)]).unwrap().len(),
+            2
+        );
+        assert!(matches!(
+            sample_rows(&[row(1, &fine), row(42, &request)]),
+            Err(StepError::Model(_))
+        ));
     }
 
     #[test]

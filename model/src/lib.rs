@@ -31,7 +31,7 @@ pub use forward::{LogitsFor, ReferenceModel, SeqChunk};
 pub mod synth;
 pub mod tokenizer;
 
-pub use tokenizer::ModelTokenizer;
+pub use tokenizer::{ModelTokenizer, TokenPiece};
 #[cfg(feature = "forward")]
 pub mod generate;
 pub mod sampling;

@@ -145,10 +145,75 @@ impl ModelTokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// What each token id of `0..len` stands for, as bytes: what constrained decoding matches
+    /// a grammar against. Byte-level BPE (GPT-OSS, Qwen3) maps its printable characters back
+    /// to bytes; SentencePiece-style vocabularies (Mixtral) turn `▁` into a space and `<0xNN>`
+    /// byte-fallback tokens into their byte. `len` is the model's vocabulary, which may be
+    /// larger than the tokenizer's (padding rows are [`TokenPiece::Unused`]).
+    pub fn token_pieces(&self, len: usize) -> Vec<TokenPiece> {
+        let decoder = self
+            .inner
+            .get_decoder()
+            .and_then(|d| serde_json::to_string(d).ok())
+            .unwrap_or_default();
+        let byte_level = decoder.contains("ByteLevel");
+        let byte_fallback = decoder.contains("ByteFallback");
+        let metaspace = decoder.contains('\u{2581}') || decoder.contains("Metaspace");
+        let from_char: std::collections::HashMap<char, u8> = byte_to_char()
+            .iter()
+            .enumerate()
+            .map(|(b, &c)| (c, b as u8))
+            .collect();
+        let added = self.inner.get_added_tokens_decoder();
+        (0..len as u32)
+            .map(|id| {
+                if let Some(t) = added.get(&id) {
+                    return if t.special {
+                        TokenPiece::Special(t.content.clone())
+                    } else {
+                        TokenPiece::Bytes(t.content.as_bytes().to_vec())
+                    };
+                }
+                let Some(token) = self.inner.id_to_token(id) else {
+                    return TokenPiece::Unused;
+                };
+                if byte_level {
+                    let bytes: Option<Vec<u8>> =
+                        token.chars().map(|c| from_char.get(&c).copied()).collect();
+                    // A character outside the byte map: the token is its UTF-8 text.
+                    return TokenPiece::Bytes(bytes.unwrap_or_else(|| token.into_bytes()));
+                }
+                if byte_fallback
+                    && let Some(hex) = token.strip_prefix("<0x").and_then(|t| t.strip_suffix('>'))
+                    && let Ok(b) = u8::from_str_radix(hex, 16)
+                {
+                    return TokenPiece::Bytes(vec![b]);
+                }
+                let text = if metaspace {
+                    token.replace('\u{2581}', " ")
+                } else {
+                    token
+                };
+                TokenPiece::Bytes(text.into_bytes())
+            })
+            .collect()
+    }
+
     /// The underlying `tokenizers` tokenizer.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// What one token id stands for ([`ModelTokenizer::token_pieces`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenPiece {
+    /// Text: the bytes the token adds to the output.
+    Bytes(Vec<u8>),
+    /// A special token (`<|end|>`), by its name: never part of the text a grammar matches.
+    Special(String),
+    /// No token has this id.
+    Unused,
 }
 
 /// GPT-2's byte -> printable character map used by byte-level BPE.
@@ -223,6 +288,36 @@ mod tests {
         assert_eq!(t.decode(&ids, false).unwrap(), text);
         assert_eq!(t.eos_token_ids, vec![256]);
         assert_eq!(t.chat_template.as_deref(), Some("{{ messages }}"));
+    }
+
+    #[test]
+    fn token_pieces_are_the_bytes_tokens_decode_to() {
+        for dir in ["gpt-oss-bf16", "mixtral", "qwen3-moe"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../fixtures")
+                .join(dir);
+            let t = ModelTokenizer::load(&path).unwrap();
+            let pieces = t.token_pieces(t.vocab_size() + 3);
+            assert_eq!(pieces[t.vocab_size()], TokenPiece::Unused);
+            let text = "Héllo wörld, {\"a\": [1, 2]}\n";
+            let ids = t.encode(text, false).unwrap();
+            let mut bytes = Vec::new();
+            for &id in &ids {
+                match &pieces[id as usize] {
+                    TokenPiece::Bytes(b) => bytes.extend_from_slice(b),
+                    other => panic!("{dir}: token {id} is {other:?}"),
+                }
+            }
+            // SentencePiece adds a leading space the decoder strips.
+            let got = String::from_utf8(bytes).unwrap();
+            assert_eq!(got.trim_start_matches(' '), text, "{dir}");
+            let eos = t.eos_token_ids[0];
+            assert!(
+                matches!(&pieces[eos as usize], TokenPiece::Special(_)),
+                "{dir}: {:?}",
+                pieces[eos as usize]
+            );
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use step::{AttentionNode, Clock, StepError};
+use step::{AttentionNode, Clock, MaskJob, StepError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::GenerationError;
@@ -97,6 +97,8 @@ pub(crate) struct Engine {
     senders: HashMap<RequestId, OutputSender>,
     /// A shutdown command arrived.
     stopping: bool,
+    /// The thread computing structured outputs' masks, started with the first one.
+    masks: Option<std::sync::mpsc::Sender<MaskJob>>,
 }
 
 impl Engine {
@@ -122,6 +124,36 @@ impl Engine {
             commands,
             senders: HashMap::new(),
             stopping: false,
+            masks: None,
+        }
+    }
+
+    /// Hands the step's masks to the mask thread, which computes them while the node runs
+    /// the step (a row waits for its mask only when it samples). Should the thread be gone,
+    /// they are computed here.
+    fn start_masks(&mut self, jobs: &[MaskJob]) {
+        if jobs.is_empty() {
+            return;
+        }
+        if self.masks.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<MaskJob>();
+            let spawned = std::thread::Builder::new()
+                .name(format!("afd-masks-{}", self.index))
+                .spawn(move || {
+                    for job in rx {
+                        job.run();
+                    }
+                });
+            match spawned {
+                Ok(_) => self.masks = Some(tx),
+                Err(e) => tracing::warn!(error = %e, "no mask thread; masks computed inline"),
+            }
+        }
+        for job in jobs {
+            let sent = self.masks.as_ref().map(|tx| tx.send(job.clone()));
+            if !matches!(sent, Some(Ok(()))) {
+                job.run();
+            }
         }
     }
 
@@ -261,6 +293,7 @@ impl Engine {
         if let Some(p) = &self.pacer {
             p.begin();
         }
+        self.start_masks(&out.mask_jobs);
         let stepped = self.node.step(&out.batch);
         if let Some(p) = self.pacer.as_mut() {
             match &stepped {
@@ -291,11 +324,8 @@ impl Engine {
                         self.abort(id);
                     }
                 }
-                for id in failed {
-                    self.fail(
-                        id,
-                        "the node returned no token for a sequence that asked for one",
-                    );
+                for (id, why) in failed {
+                    self.fail(id, &why.to_string());
                 }
             }
             Err(e) => {

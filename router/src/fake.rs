@@ -7,15 +7,19 @@
 //! back through its block table. So a sequence's tokens depend only on the sequence, never on
 //! what else is in the batch, and a router bug that hands one sequence's blocks to another,
 //! shares a block that holds other tokens, or forgets to re-prefill after a preemption, changes
-//! the output or fails the step.
+//! the output or fails the step. A constrained row (structured output) waits for its mask and
+//! answers the hash's token if allowed, else the next allowed one ([`FakeNode::allowed_token`]).
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use step::SampledToken;
-use step::{AttentionNode, KvCapacity, SampleRequest, SeqId, StepBatch, StepError, StepOutput};
+use step::constraint::MASK_WAIT;
+use step::{
+    AttentionNode, KvCapacity, SampleRequest, SampledToken, SeqId, StepBatch, StepError,
+    StepOutput, TokenMask,
+};
 
 /// Pauses a [`FakeNode`] between steps, so tests can hold requests in place deterministically.
 #[derive(Debug, Default)]
@@ -143,6 +147,20 @@ impl FakeNode {
         config.vocab.start + (h % span) as u32
     }
 
+    /// The token a constrained row answers: `token` (what [`FakeNode::next_token`] gives) when
+    /// `mask` allows it, else the lowest allowed token after it, wrapping around to the lowest
+    /// allowed one; `token` itself when the mask allows none (the router must then refuse it).
+    /// Deterministic, so tests can predict constrained outputs as they predict free ones.
+    pub fn allowed_token(token: u32, mask: &TokenMask) -> u32 {
+        if mask.allows(token) {
+            return token;
+        }
+        mask.iter()
+            .find(|&t| t > token)
+            .or_else(|| mask.iter().next())
+            .unwrap_or(token)
+    }
+
     /// Steps run so far.
     pub fn steps(&self) -> u64 {
         self.steps
@@ -258,20 +276,27 @@ impl AttentionNode for FakeNode {
                 observed
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .push(*sample);
+                    .push(sample.clone());
             }
             let history: Vec<u32> = (0..end)
                 .map(|p| self.slots[self.slot(&e.block_table, p)])
                 .collect();
-            let token = Self::next_token(&self.config, &history, e.prompt_len, sample);
+            let mut token = Self::next_token(&self.config, &history, e.prompt_len, sample);
+            if let Some(handle) = &sample.allowed {
+                let mask = handle.wait(MASK_WAIT).map_err(|why| {
+                    StepError::Model(format!("the allowed tokens of sequence {}: {why}", e.seq))
+                })?;
+                token = Self::allowed_token(token, &mask);
+            }
             let logprob = -(((token as u64 * 7919) % 97) as f32) / 10.0 - 0.05;
             let mut top_logprobs = Vec::new();
             for k in 0..sample.top_logprobs {
                 let alt = if k == 0 {
                     token
                 } else {
+                    // A constrained token may lie below the vocabulary range.
                     self.config.vocab.start
-                        + (token - self.config.vocab.start + k as u32)
+                        + (token.saturating_sub(self.config.vocab.start) + k as u32)
                             % (self.config.vocab.end - self.config.vocab.start).max(1)
                 };
                 top_logprobs.push((alt, logprob - k as f32));
@@ -299,5 +324,81 @@ impl AttentionNode for FakeNode {
 
     fn shares_kv_blocks(&self) -> bool {
         self.config.shares_kv_blocks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use step::{AllowedTokens, StepEntry};
+
+    fn entry(seq: SeqId, allowed: Option<AllowedTokens>) -> StepEntry {
+        StepEntry {
+            seq,
+            tokens: vec![40 + seq as u32, 50, 60],
+            start: 0,
+            prompt_len: 3,
+            block_table: vec![seq as u32],
+            sample: Some(SampleRequest {
+                params: Default::default(),
+                penalties: Default::default(),
+                logprobs: true,
+                top_logprobs: 2,
+                allowed,
+            }),
+            cached_prefix: Vec::new(),
+        }
+    }
+
+    /// A constrained row answers an allowed token: the free choice when allowed, else the next
+    /// allowed one, wrapping; a mask that failed fails the step.
+    #[test]
+    fn constrained_rows_answer_an_allowed_token() {
+        let config = FakeNodeConfig::default();
+        let greedy = SampleRequest {
+            params: Default::default(),
+            penalties: Default::default(),
+            logprobs: false,
+            top_logprobs: 0,
+            allowed: None,
+        };
+        let free: Vec<u32> = (0..3)
+            .map(|s| FakeNode::next_token(&config, &[40 + s, 50, 60], 3, &greedy))
+            .collect();
+        let ready =
+            |tokens: Vec<u32>| Some(AllowedTokens::ready(TokenMask::from_tokens(200, tokens)));
+        let batch = StepBatch {
+            entries: vec![
+                // Its own choice and one more: the choice.
+                entry(0, ready(vec![free[0], 3])),
+                // Only tokens below the choice: the lowest, after wrapping.
+                entry(1, ready(vec![free[1] - 7, free[1] - 3])),
+                // One above and one below: the one above.
+                entry(2, ready(vec![free[2] - 1, free[2] + 2])),
+            ],
+        };
+        let mut node = FakeNode::new(config.clone());
+        let out = node.step(&batch).unwrap();
+        let tokens: Vec<u32> = out.sampled.iter().map(|s| s.token).collect();
+        assert_eq!(tokens, vec![free[0], free[1] - 7, free[2] + 2]);
+        assert!(out.sampled.iter().all(|s| s.top_logprobs.len() == 2));
+        assert_eq!(FakeNode::allowed_token(9, &TokenMask::none(20)), 9);
+        // Below the hash's vocabulary: allowed all the same.
+        assert_eq!(
+            FakeNode::allowed_token(100, &TokenMask::from_tokens(128, [3])),
+            3
+        );
+
+        let failed = AllowedTokens::pending();
+        failed.fill(Err("the grammar broke".into()));
+        let err = node
+            .step(&StepBatch {
+                entries: vec![entry(5, Some(failed))],
+            })
+            .unwrap_err();
+        assert!(
+            matches!(&err, StepError::Model(m) if m.contains("the grammar broke")),
+            "{err}"
+        );
     }
 }

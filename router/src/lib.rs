@@ -36,7 +36,8 @@ pub use dispatch::{GenerationRequest, RequestStream, Router, pick_node};
 pub use engine::RequestEvent;
 pub use error::{Error, GenerationError};
 pub use scheduler::{
-    BlockManager, FinishReason, RequestId, Scheduler, SchedulerOutput, SequenceParams, TokenOutput,
+    BlockManager, FinishReason, RequestId, Scheduler, SchedulerOutput, SequenceFailure,
+    SequenceParams, TokenOutput,
 };
 pub use stats::{AfdStats, AfdStatsSource, BalanceWindow, NodeStats, RouterStats};
 pub use timing::{ClockSnapshot, Dilation, Timing};

@@ -20,8 +20,10 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
                 penalties: Penalties::default(),
                 logprobs: false,
                 top_logprobs: 0,
+                allowed: None,
             },
             stop_token_ids: Vec::new(),
+            constraint: None,
         },
         arrival: Instant::now(),
     }

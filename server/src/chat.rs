@@ -22,6 +22,7 @@ use crate::protocol::chat::{
 use crate::protocol::{Usage, random_id, unix_now};
 use crate::sse::{ChunkWriter, json_event, stream_response};
 use crate::state::AppState;
+use crate::structured;
 use crate::tool_parsing::{ChoiceParser, ParseEvent, ParsedOutput};
 use crate::tools::{prepare_tool_turns, resolve_tool_use, uses_tools};
 use crate::validation::{Validated, resolve_max_tokens, validate_common};
@@ -103,6 +104,17 @@ pub(crate) async fn start_chat(
         // reaches the response.
         params.skip_special_tokens = false;
     }
+    // A required call is a grammar of the calls in the parser's format.
+    let forced_calls = match (&tool_use.forced, tool_use.parsers.tools, &req.tools) {
+        (Some(forced), Some(kind), Some(tools)) => Some(structured::forced_calls(
+            tools,
+            forced,
+            kind,
+            tool_use.parallel,
+            &state.tokenizer,
+        )),
+        _ => None,
+    };
     state.router.check_sequences(params.n)?;
     let max_lp = state.limits.max_logprobs;
     let want_logprobs = req.logprobs.unwrap_or(false);
@@ -153,6 +165,12 @@ pub(crate) async fn start_chat(
                 .map(|parser| ChoiceParser::new(parser, tool_use.parallel))
         })
         .collect();
+    // GPT-OSS writes its answer in harmony's final channel, after any analysis.
+    let framing = if !state.harmony_stop_ids.is_empty() && text.ends_with("<|start|>assistant") {
+        structured::Framing::Harmony
+    } else {
+        structured::Framing::Whole
+    };
     let prompt = state
         .encode(text, req.add_special_tokens.unwrap_or(false))
         .await?;
@@ -170,12 +188,15 @@ pub(crate) async fn start_chat(
             sample_index: i,
         })
         .collect();
+    let output_format =
+        structured::compile_requested(state, &req.common, framing, forced_calls).await?;
     let spec = GenerationSpec {
         params: params.clone(),
         top_logprobs,
         want_logprobs,
         extra_stop_ids: state.harmony_stop_ids.clone(),
         arrival,
+        output_format,
     };
     let stream = generation::start(state, &spec, choices)?;
     Ok(ChatRun {

@@ -18,6 +18,7 @@ use crate::protocol::completions::{
 use crate::protocol::{Usage, random_id, unix_now};
 use crate::sse::{ChunkWriter, json_event, stream_response};
 use crate::state::AppState;
+use crate::structured;
 use crate::validation::{check_token_ids, resolve_max_tokens, validate_common};
 
 /// One tokenized prompt.
@@ -122,12 +123,15 @@ async fn handle(
         }
         prompts.push(prompt);
     }
+    let output_format =
+        structured::compile_requested(state, &req.common, structured::Framing::Whole, None).await?;
     let spec = GenerationSpec {
         params: params.clone(),
         top_logprobs: logprobs.unwrap_or(0),
         want_logprobs: logprobs.is_some(),
         extra_stop_ids: Vec::new(),
         arrival,
+        output_format,
     };
     let stream = generation::start(state, &spec, choices)?;
     let out = Output {

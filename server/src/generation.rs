@@ -23,6 +23,7 @@ use crate::metrics::{FinishedReason, SequenceTiming};
 use crate::protocol::StopReason;
 use crate::state::AppState;
 use crate::stop::{StopCheck, StopMatcher};
+use crate::structured::CompiledFormat;
 use crate::validation::Validated;
 
 /// One choice to generate.
@@ -51,6 +52,8 @@ pub struct GenerationSpec {
     pub extra_stop_ids: Vec<u32>,
     /// When the request arrived.
     pub arrival: Instant,
+    /// The grammar every choice's output follows (structured outputs), if any.
+    pub output_format: Option<Arc<CompiledFormat>>,
 }
 
 /// One token's logprob and its alternatives.
@@ -133,8 +136,11 @@ pub fn start(
                         penalties: p.penalties,
                         logprobs: spec.want_logprobs,
                         top_logprobs: spec.top_logprobs,
+                        allowed: None,
                     },
                     stop_token_ids: stop_token_ids.clone(),
+                    // Each choice walks its own copy of the grammar.
+                    constraint: spec.output_format.as_ref().map(|f| f.constraint()),
                 },
                 arrival: spec.arrival,
             }

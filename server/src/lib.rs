@@ -38,6 +38,7 @@ pub mod responses;
 pub mod sse;
 pub mod state;
 pub mod stop;
+pub mod structured;
 pub mod tokenize;
 pub mod tool_parsing;
 pub mod tools;

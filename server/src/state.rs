@@ -11,6 +11,7 @@ use crate::chat_template::{ChatFormat, ChatTemplate};
 use crate::error::{ApiError, Error};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
+use crate::structured::OutputGrammars;
 use crate::tool_parsing::{ReasoningParserKind, ToolCallParserKind};
 use crate::tools::ToolParsing;
 use crate::validation::Limits;
@@ -149,6 +150,8 @@ pub struct AppState {
     pub created: u64,
     /// Draining and cutting off at shutdown.
     pub lifecycle: Arc<Lifecycle>,
+    /// Compiles structured-output formats over the vocabulary.
+    pub output_grammars: OutputGrammars,
 }
 
 impl std::fmt::Debug for AppState {
@@ -235,7 +238,14 @@ impl AppState {
         if config.max_n == 0 {
             return Err(Error::Config("max_n must be at least 1".into()));
         }
+        let output_stops: Vec<u32> = eos_token_ids
+            .iter()
+            .chain(&harmony_stop_ids)
+            .copied()
+            .collect();
+        let output_grammars = OutputGrammars::new(&tokenizer, vocab_size, &output_stops);
         Ok(AppState {
+            output_grammars,
             limits: Limits {
                 vocab_size,
                 max_model_len,

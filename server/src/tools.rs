@@ -19,12 +19,24 @@ pub struct ToolParsing {
 }
 
 /// What a request asks of tool calling, once checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolUse {
     /// Which parsers its output goes through.
     pub parsers: ParserChoice,
     /// Keep every call (`parallel_tool_calls`, default true) or only the first.
     pub parallel: bool,
+    /// The calls the output must make (`tool_choice` `"required"` or a named function),
+    /// enforced by a grammar in the model's own call format.
+    pub forced: Option<ForcedCalls>,
+}
+
+/// Tool calls a request requires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForcedCalls {
+    /// At least one call, of any of the tools (`"required"`).
+    Any,
+    /// A call of this function.
+    Named(String),
 }
 
 /// Checks `tools`, `tool_choice` and `parallel_tool_calls` (as vLLM does) and says how the
@@ -36,13 +48,35 @@ pub fn resolve_tool_use(
     server: &ToolParsing,
 ) -> Result<ToolUse, ApiError> {
     let names = check_tools(tools)?;
+    let mut forced = None;
     let choice = match tool_choice {
         None | Some(Value::Null) if names.is_empty() => "none",
         None | Some(Value::Null) => "auto",
         Some(Value::String(s)) if s == "none" || s == "auto" => s.as_str(),
-        Some(Value::String(s)) if s == "required" => return Err(not_yet("\"required\"")),
+        Some(Value::String(s)) if s == "required" => {
+            forced = Some(ForcedCalls::Any);
+            "required"
+        }
         Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            return Err(not_yet("a named function"));
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ApiError::bad_param(
+                        "tool_choice",
+                        "a named tool_choice is {\"type\": \"function\", \"function\": \
+                         {\"name\": ...}}.",
+                    )
+                })?;
+            if !names.iter().any(|n| n == name) {
+                return Err(ApiError::bad_param(
+                    "tool_choice",
+                    format!("tool_choice names `{name}`, which is not among the tools."),
+                ));
+            }
+            forced = Some(ForcedCalls::Named(name.to_string()));
+            "required"
         }
         Some(other) => {
             return Err(ApiError::bad_param(
@@ -54,15 +88,27 @@ pub fn resolve_tool_use(
             ));
         }
     };
-    if choice == "auto" && names.is_empty() {
+    if (choice == "auto" || choice == "required") && names.is_empty() {
         return Err(ApiError::bad_param(
             "tool_choice",
-            "tool_choice \"auto\" needs tools: send the functions the model may call in \
-             `tools`, or leave tool_choice out.",
+            format!(
+                "tool_choice {} needs tools: send the functions the model may call in \
+                 `tools`, or leave tool_choice out.",
+                tool_choice.map_or("\"auto\"".to_string(), Value::to_string)
+            ),
         ));
     }
     let tools = match (choice, server.tool_call_parser) {
         ("auto", Some(parser)) if server.auto_tool_choice => Some(parser),
+        // A required call is written by a grammar in the parser's format: no flag needed.
+        ("required", Some(parser)) => Some(parser),
+        ("required", None) => {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                "a required or named tool_choice needs --tool-call-parser: the model's type \
+                 has no default call format.",
+            ));
+        }
         ("auto", _) => {
             return Err(ApiError::bad_param(
                 "tool_choice",
@@ -79,17 +125,8 @@ pub fn resolve_tool_use(
             tools,
         },
         parallel: parallel_tool_calls.unwrap_or(true),
+        forced,
     })
-}
-
-fn not_yet(what: &str) -> ApiError {
-    ApiError::bad_param(
-        "tool_choice",
-        format!(
-            "tool_choice {what} is not supported yet (it needs constrained decoding); use \
-             tool_choice \"auto\" and let the model choose."
-        ),
-    )
 }
 
 /// The functions' names, checking each tool is `{"type": "function", "function": {"name"}}`.
@@ -239,16 +276,20 @@ mod tests {
     }
 
     #[test]
-    fn required_and_named_choices_are_refused_for_now() {
+    fn required_and_named_choices_force_calls_without_the_auto_flag() {
         let t = tools();
-        for choice in [
-            json!("required"),
-            json!({"type": "function", "function": {"name": "get_weather"}}),
-        ] {
-            let err = resolve_tool_use(Some(&t), Some(&choice), None, &server(true)).unwrap_err();
-            assert!(err.to_string().contains("not supported yet"), "{err}");
-            assert!(err.to_string().contains("\"auto\""), "{err}");
-        }
+        let required = json!("required");
+        let u = resolve_tool_use(Some(&t), Some(&required), None, &server(false)).unwrap();
+        assert_eq!(u.forced, Some(ForcedCalls::Any));
+        assert_eq!(u.parsers.tools, Some(ToolCallParserKind::Openai));
+        let named = json!({"type": "function", "function": {"name": "get_weather"}});
+        let u = resolve_tool_use(Some(&t), Some(&named), None, &server(false)).unwrap();
+        assert_eq!(u.forced, Some(ForcedCalls::Named("get_weather".into())));
+        let unknown = json!({"type": "function", "function": {"name": "get_time"}});
+        let err = resolve_tool_use(Some(&t), Some(&unknown), None, &server(true)).unwrap_err();
+        assert!(err.to_string().contains("not among the tools"), "{err}");
+        let err = resolve_tool_use(None, Some(&required), None, &server(true)).unwrap_err();
+        assert!(err.to_string().contains("needs tools"), "{err}");
         let bad = json!("sometimes");
         assert!(resolve_tool_use(Some(&t), Some(&bad), None, &server(true)).is_err());
         let auto = json!("auto");

@@ -94,3 +94,23 @@ async fn the_openai_python_client_calls_tools_through_the_responses_api() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_python_client_parses_structured_outputs() {
+    let python = python();
+    if !has_openai(&python).await {
+        return;
+    }
+    let s = scripted(
+        model::Family::GptOss,
+        "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.<|return|>",
+        false,
+    )
+    .await;
+    run_script(
+        &python,
+        "test_openai_structured.py",
+        &[("AFD_BASE_URL", format!("http://{}", s.addr))],
+    )
+    .await;
+}

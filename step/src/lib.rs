@@ -21,10 +21,12 @@
 
 pub mod clock;
 pub mod compute;
+pub mod constraint;
 pub mod health;
 pub mod replicas;
 
 pub use clock::{Clock, StepRouting, StepTimer, WallClock};
+pub use constraint::{AllowedTokens, Constraint, MaskJob, TokenConstraint, TokenMask};
 pub use health::{CardHealth, CardState, HealthSource, NodeHealth};
 
 use model::sampling::SamplingParams;
@@ -63,7 +65,7 @@ impl Penalties {
 }
 
 /// How to pick the token that follows a sequence's last new token.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SampleRequest {
     /// Temperature, top-p, top-k, min-p and seed.
     pub params: SamplingParams,
@@ -75,6 +77,9 @@ pub struct SampleRequest {
     pub logprobs: bool,
     /// How many most likely alternatives to return with their logprobs (0: none; at most 20).
     pub top_logprobs: usize,
+    /// The only tokens it may sample (structured output), computed while the step runs; `None`
+    /// for any token. The logprobs stay those of the unconstrained distribution.
+    pub allowed: Option<AllowedTokens>,
 }
 
 impl SampleRequest {

@@ -34,12 +34,13 @@ fn logprobs_are_wanted_for_the_token_or_for_its_alternatives() {
         penalties: Penalties::default(),
         logprobs: false,
         top_logprobs: 0,
+        allowed: None,
     };
     assert!(!base.wants_logprobs());
     assert!(
         SampleRequest {
             logprobs: true,
-            ..base
+            ..base.clone()
         }
         .wants_logprobs()
     );

@@ -313,6 +313,7 @@ fn baseline(args: &Args, checkpoint: &Path) -> Result<()> {
         penalties: Default::default(),
         logprobs: false,
         top_logprobs: 0,
+        allowed: None,
     };
     let entry = |tokens: Vec<u32>, start: usize| StepEntry {
         seq: 1,
@@ -320,7 +321,7 @@ fn baseline(args: &Args, checkpoint: &Path) -> Result<()> {
         start,
         prompt_len: args.context,
         block_table: (0..blocks as u32).collect(),
-        sample: Some(request),
+        sample: Some(request.clone()),
         cached_prefix: Vec::new(),
     };
     let prompt: Vec<u32> = (0..args.context)

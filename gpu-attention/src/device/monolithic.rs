@@ -150,7 +150,7 @@ impl AttentionNode for DeviceMonolithicNode {
             });
         }
         Ok(StepOutput {
-            sampled: sample_rows(&rows),
+            sampled: sample_rows(&rows)?,
         })
     }
 

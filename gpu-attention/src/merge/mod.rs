@@ -21,10 +21,13 @@
 //!   the nucleus fits in each card's candidates (the node asks for
 //!   [`crate::NodeConfig::lm_head_candidates`] per card for such rows): peaked distributions,
 //!   the usual case, are decided here; flat ones gather;
-//! - the `n` best logprobs for `n` no larger than the candidates per card.
+//! - the `n` best logprobs for `n` no larger than the candidates per card;
+//! - **greedy under a mask** (structured output, [`merge_constrained_row`]): the best allowed
+//!   candidate, when it beats every card's last candidate (or the card returned all its rows).
 //!
 //! What gathers: repetition, frequency and presence penalties (they change logits the cards do
-//! not know); top logprobs beyond the candidates per card; filtered rows whose proof fails
+//! not know); top logprobs beyond the candidates per card; sampled rows under a mask, and
+//! masked greedy rows whose answer the candidates do not prove; filtered rows whose proof fails
 //! (nucleus wider than the candidates, a decision within rounding of its threshold, ties at a
 //! card's cut). The merge then says [`MergeOutcome::NeedFullLogits`] and the node gathers every
 //! logit from the cards and samples exactly as the reference does.
@@ -36,7 +39,7 @@ mod tests;
 use model::sampling::SamplingParams;
 use proto::data::Proposal;
 
-use step::SampleRequest;
+use step::{SampleRequest, TokenMask};
 
 /// The merged result of one row.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,11 +72,23 @@ pub fn mergeable(request: &SampleRequest, candidates: usize) -> bool {
 /// token is not a card's last candidate; `cap` for top-p and min-p, whose nucleus the
 /// candidates must hold; and its top logprobs. A row the proposals cannot decide with `cap`
 /// candidates gathers every logit anyway, so it needs only one.
+///
+/// A constrained row (one with [`SampleRequest::allowed`]) is decided from the proposals only
+/// when greedy ([`merge_constrained_row`]): it asks for `cap`, for the best chance that an
+/// allowed token is among them and beats every card's last one. A constrained sampled row
+/// always gathers, so it needs only its top logprobs (or one).
 pub fn candidates_needed(request: &SampleRequest, cap: usize) -> usize {
     if !mergeable(request, cap) {
         return 1;
     }
     let p = &request.params;
+    if request.allowed.is_some() {
+        return if p.is_greedy() {
+            cap
+        } else {
+            request.top_logprobs.max(1)
+        };
+    }
     let pool = if p.is_greedy() {
         1
     } else if p.top_p < 1.0 || p.min_p > 0.0 {
@@ -112,16 +127,15 @@ fn merged_candidates(proposals: &[Proposal]) -> Vec<(f32, u32)> {
     all
 }
 
-/// Merges one row's proposals (one per card, any order) for `request` at `position`.
-pub fn merge_row(
+/// The logprob and top logprobs of a decided row (`token`, of `logit`), from the unconstrained
+/// distribution: the cards' log-sum-exps and the best candidates overall.
+fn merged_token(
     proposals: &[Proposal],
     request: &SampleRequest,
-    position: u64,
-    candidates: usize,
-) -> MergeOutcome {
-    if !mergeable(request, candidates) || proposals.is_empty() {
-        return MergeOutcome::NeedFullLogits;
-    }
+    merged: &[(f32, u32)],
+    token: u32,
+    logit: f32,
+) -> MergedToken {
     // The cards computed no log-sum-exp for rows that want no logprobs.
     let lse = if request.wants_logprobs() {
         total_log_sum_exp(proposals)
@@ -129,6 +143,68 @@ pub fn merge_row(
         f64::NAN
     };
     let logprob = |logit: f32| (logit as f64 - lse) as f32;
+    MergedToken {
+        token,
+        logprob: logprob(logit),
+        top_logprobs: merged
+            .iter()
+            .take(request.top_logprobs)
+            .map(|&(l, t)| (t, logprob(l)))
+            .collect(),
+    }
+}
+
+/// Merges one constrained row's proposals (one per card, any order) for `request`, whose
+/// tokens `mask` allows, at `position` ([`merge_row`] is for rows without a mask).
+///
+/// Only greedy rows are decided here: the answer is the best allowed candidate over every card
+/// (lowest id on ties), provided no token a card left out could beat it, that is, every card
+/// returned all its vocabulary rows or has its last (smallest) candidate strictly below it.
+/// A sampled row would need every allowed token's Gumbel score or the mass of the allowed set,
+/// which the proposals do not carry, so it gathers, as do rows with no allowed candidate, or
+/// that [`mergeable`] refuses. The logprob and top logprobs are the unconstrained ones, as
+/// [`merge_row`] gives them. (`position` seeds only a draw, which this merge never makes; it
+/// is taken so that the call reads as [`merge_row`]'s.)
+pub fn merge_constrained_row(
+    proposals: &[Proposal],
+    request: &SampleRequest,
+    mask: &TokenMask,
+    _position: u64,
+    candidates: usize,
+) -> MergeOutcome {
+    if !mergeable(request, candidates) || proposals.is_empty() || !request.params.is_greedy() {
+        return MergeOutcome::NeedFullLogits;
+    }
+    let merged = merged_candidates(proposals);
+    let Some(&(logit, token)) = merged.iter().find(|&&(_, t)| mask.allows(t)) else {
+        return MergeOutcome::NeedFullLogits;
+    };
+    let beats_the_unseen = |p: &Proposal| match p.candidates.len().cmp(&(p.shard_rows as usize)) {
+        std::cmp::Ordering::Equal => true,
+        // A card that returned fewer than it holds left out tokens of at most its last
+        // candidate's logit (NaN compares false: undecided).
+        std::cmp::Ordering::Less => p.candidates.last().is_some_and(|last| logit > last.logit),
+        // More candidates than rows: not a card's proposal to trust.
+        std::cmp::Ordering::Greater => false,
+    };
+    if !proposals.iter().all(beats_the_unseen) {
+        return MergeOutcome::NeedFullLogits;
+    }
+    MergeOutcome::Done(merged_token(proposals, request, &merged, token, logit))
+}
+
+/// Merges one row's proposals (one per card, any order) for `request` at `position`. A row
+/// with a mask is [`merge_constrained_row`]'s: here it gathers.
+pub fn merge_row(
+    proposals: &[Proposal],
+    request: &SampleRequest,
+    position: u64,
+    candidates: usize,
+) -> MergeOutcome {
+    // A constrained row merged as if unconstrained could answer a token its mask refuses.
+    if !mergeable(request, candidates) || proposals.is_empty() || request.allowed.is_some() {
+        return MergeOutcome::NeedFullLogits;
+    }
     let merged = merged_candidates(proposals);
     let Some(&(best_logit, best)) = merged.first() else {
         return MergeOutcome::NeedFullLogits;
@@ -150,13 +226,5 @@ pub fn merge_row(
         }
         (winner.1, winner.2)
     };
-    MergeOutcome::Done(MergedToken {
-        token,
-        logprob: logprob(logit),
-        top_logprobs: merged
-            .iter()
-            .take(request.top_logprobs)
-            .map(|&(l, t)| (t, logprob(l)))
-            .collect(),
-    })
+    MergeOutcome::Done(merged_token(proposals, request, &merged, token, logit))
 }

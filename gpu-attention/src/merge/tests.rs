@@ -10,6 +10,8 @@ use super::*;
 use crate::sampler::{TokenHistory, sample_row};
 use step::Penalties;
 
+mod constrained;
+
 /// What a card holding `tokens` of `logits` proposes with `k` candidates, as the card does
 /// (`corsair-ffn`'s LM-head shard).
 fn propose(
@@ -195,6 +197,7 @@ fn request(params: SamplingParams, logprobs: bool, top_logprobs: usize) -> Sampl
         penalties: Penalties::default(),
         logprobs,
         top_logprobs,
+        allowed: None,
     }
 }
 
@@ -219,7 +222,7 @@ fn assert_same_as_full_logits(
     request: &SampleRequest,
     position: u64,
 ) {
-    let full = sample_row(0, logits, request, &TokenHistory::default(), position);
+    let full = sample_row(0, logits, request, &TokenHistory::default(), position).unwrap();
     assert_eq!(m.token, full.token, "token");
     if request.wants_logprobs() {
         assert!(
@@ -392,13 +395,13 @@ fn penalties_and_many_logprobs_ask_for_full_logits() {
             presence: 0.5,
             ..Default::default()
         },
-        ..base
+        ..base.clone()
     };
     assert_eq!(merge_row(&p, &pen, 0, 8), MergeOutcome::NeedFullLogits);
     assert_eq!(candidates_needed(&pen, 8), 1);
     let many = SampleRequest {
         top_logprobs: 9,
-        ..base
+        ..base.clone()
     };
     assert_eq!(merge_row(&p, &many, 0, 8), MergeOutcome::NeedFullLogits);
     assert!(matches!(merge_row(&p, &base, 0, 8), MergeOutcome::Done(_)));

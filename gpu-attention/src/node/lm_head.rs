@@ -1,6 +1,7 @@
 //! The sharded LM head: normed rows out to every card holding vocabulary rows, proposals back,
 //! merged exactly ([`crate::merge`]); rows the proposals cannot decide get a second round
-//! that gathers every logit.
+//! that gathers every logit. A constrained row (structured output) waits for its mask only at
+//! the merge, so the router computes it while the step runs.
 
 use std::collections::HashMap;
 
@@ -8,8 +9,8 @@ use proto::data::{self, Immediate, LM_HEAD_LAYER, Proposal, RowSampling};
 
 use super::DisaggregatedNode;
 use super::pipeline::MicroBatch;
-use crate::merge::{MergeOutcome, candidates_needed, merge_row};
-use crate::sampler::sample_row;
+use crate::merge::{MergeOutcome, candidates_needed, merge_constrained_row, merge_row};
+use crate::sampler::{allowed_mask, sample_row};
 use step::{SampleRequest, SampledToken, StepBatch, StepError, StepOutput};
 
 /// Immediate layer code of the full-logits round (distinct from the proposals round).
@@ -57,12 +58,12 @@ impl DisaggregatedNode {
             let mut last_rows = Vec::new();
             for (span_idx, &i) in mb.entries.iter().enumerate() {
                 let e = &batch.entries[i];
-                if let Some(request) = e.sample {
+                if let Some(request) = &e.sample {
                     let s = &mb.spans[span_idx];
                     last_rows.push(s.start + s.len - 1);
                     rows.push(Row {
                         entry: i,
-                        request,
+                        request: request.clone(),
                         position: (e.start + e.tokens.len()) as u64,
                     });
                 }
@@ -131,7 +132,15 @@ impl DisaggregatedNode {
                     fallback.push(r);
                     continue;
                 }
-                match merge_row(&props, &row.request, row.position, k) {
+                // A constrained row's mask is waited for only now, after the forward pass and
+                // the cards' proposals: the router computed it meanwhile.
+                let outcome = match allowed_mask(seq, &row.request)? {
+                    Some(mask) => {
+                        merge_constrained_row(&props, &row.request, &mask, row.position, k)
+                    }
+                    None => merge_row(&props, &row.request, row.position, k),
+                };
+                match outcome {
                     MergeOutcome::Done(t) => {
                         sampled.insert(
                             row.entry,
@@ -309,7 +318,7 @@ impl DisaggregatedNode {
                 let history = self.histories.entry(entry.seq).or_default();
                 sampled.insert(
                     row.entry,
-                    sample_row(entry.seq, &logits, &row.request, history, row.position),
+                    sample_row(entry.seq, &logits, &row.request, history, row.position)?,
                 );
                 self.stats.full_logits_rows += 1;
             }

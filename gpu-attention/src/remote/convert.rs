@@ -1,74 +1,120 @@
 //! Step batches, outputs and node health to and from their wire form.
 
+use crate::sampler::allowed_mask;
 use model::sampling::SamplingParams;
 use proto::control as pb;
 use step::{
-    CardHealth, CardState, NodeHealth, Penalties, SampleRequest, SampledToken, StepBatch,
-    StepEntry, StepOutput,
+    AllowedTokens, CardHealth, CardState, NodeHealth, Penalties, SampleRequest, SampledToken,
+    SeqId, StepBatch, StepEntry, StepError, StepOutput, TokenMask,
 };
 
-/// Wire form of a batch.
-pub fn batch_to_pb(batch: &StepBatch) -> pb::StepRequest {
-    pb::StepRequest {
-        entries: batch
-            .entries
-            .iter()
-            .map(|e| pb::StepEntry {
-                seq: e.seq,
-                tokens: e.tokens.clone(),
-                start: e.start as u32,
-                prompt_len: e.prompt_len as u32,
-                block_table: e.block_table.clone(),
-                sample: e.sample.map(|s| pb::SamplingParams {
-                    temperature: s.params.temperature,
-                    top_p: s.params.top_p,
-                    top_k: s.params.top_k as u32,
-                    min_p: s.params.min_p,
-                    seed: s.params.seed,
-                    presence_penalty: s.penalties.presence,
-                    frequency_penalty: s.penalties.frequency,
-                    repetition_penalty: s.penalties.repetition,
-                    top_logprobs: s.top_logprobs as u32,
-                    logprobs: s.logprobs,
-                }),
-                cached_prefix: e.cached_prefix.clone(),
-            })
-            .collect(),
+/// Wire form of a batch. A constrained row's mask is waited for here (up to
+/// [`step::constraint::MASK_WAIT`]), since the remote node cannot wait on this process's
+/// handle: the mask then crosses the wire with the row, and a mask that never came fails the
+/// step before it is sent.
+pub fn batch_to_pb(batch: &StepBatch) -> Result<pb::StepRequest, StepError> {
+    let mut entries = Vec::with_capacity(batch.entries.len());
+    for e in &batch.entries {
+        let sample = match &e.sample {
+            None => None,
+            Some(s) => Some(sample_to_pb(e.seq, s)?),
+        };
+        entries.push(pb::StepEntry {
+            seq: e.seq,
+            tokens: e.tokens.clone(),
+            start: e.start as u32,
+            prompt_len: e.prompt_len as u32,
+            block_table: e.block_table.clone(),
+            sample,
+            cached_prefix: e.cached_prefix.clone(),
+        });
     }
+    Ok(pb::StepRequest { entries })
 }
 
-/// A batch from its wire form.
-pub fn batch_from_pb(request: pb::StepRequest) -> StepBatch {
-    StepBatch {
-        entries: request
-            .entries
-            .into_iter()
-            .map(|e| StepEntry {
-                seq: e.seq,
-                tokens: e.tokens,
-                start: e.start as usize,
-                prompt_len: e.prompt_len as usize,
-                block_table: e.block_table,
-                sample: e.sample.map(|s| SampleRequest {
-                    params: SamplingParams {
-                        temperature: s.temperature,
-                        top_p: s.top_p,
-                        top_k: s.top_k as usize,
-                        min_p: s.min_p,
-                        seed: s.seed,
-                    },
-                    penalties: Penalties {
-                        presence: s.presence_penalty,
-                        frequency: s.frequency_penalty,
-                        repetition: s.repetition_penalty,
-                    },
-                    logprobs: s.logprobs,
-                    top_logprobs: s.top_logprobs as usize,
-                }),
-                cached_prefix: e.cached_prefix,
-            })
-            .collect(),
+fn sample_to_pb(seq: SeqId, s: &SampleRequest) -> Result<pb::SamplingParams, StepError> {
+    let mask = allowed_mask(seq, s)?;
+    Ok(pb::SamplingParams {
+        temperature: s.params.temperature,
+        top_p: s.params.top_p,
+        top_k: s.params.top_k as u32,
+        min_p: s.params.min_p,
+        seed: s.params.seed,
+        presence_penalty: s.penalties.presence,
+        frequency_penalty: s.penalties.frequency,
+        repetition_penalty: s.penalties.repetition,
+        top_logprobs: s.top_logprobs as u32,
+        logprobs: s.logprobs,
+        allowed_mask: mask
+            .as_ref()
+            .map(|m| m.words().iter().flat_map(|w| w.to_le_bytes()).collect()),
+        allowed_len: mask.as_ref().map_or(0, |m| m.len() as u32),
+    })
+}
+
+/// A batch from its wire form; a malformed mask (not `ceil(allowed_len / 64)` 64-bit words) is
+/// refused as an invalid step.
+pub fn batch_from_pb(request: pb::StepRequest) -> Result<StepBatch, StepError> {
+    let mut entries = Vec::with_capacity(request.entries.len());
+    for e in request.entries {
+        let sample = match e.sample {
+            None => None,
+            Some(s) => Some(sample_from_pb(e.seq, s)?),
+        };
+        entries.push(StepEntry {
+            seq: e.seq,
+            tokens: e.tokens,
+            start: e.start as usize,
+            prompt_len: e.prompt_len as usize,
+            block_table: e.block_table,
+            sample,
+            cached_prefix: e.cached_prefix,
+        });
     }
+    Ok(StepBatch { entries })
+}
+
+fn sample_from_pb(seq: SeqId, s: pb::SamplingParams) -> Result<SampleRequest, StepError> {
+    let allowed = match s.allowed_mask {
+        None => None,
+        Some(bytes) => {
+            let len = s.allowed_len as usize;
+            let expected = len.div_ceil(64) * 8;
+            if bytes.len() != expected {
+                return Err(StepError::Invalid(format!(
+                    "sequence {seq}: the allowed-token mask over {len} tokens must be {expected} \
+                     bytes, got {}",
+                    bytes.len()
+                )));
+            }
+            let words: Vec<u64> = bytes
+                .chunks_exact(8)
+                .map(|c| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(c);
+                    u64::from_le_bytes(w)
+                })
+                .collect();
+            Some(AllowedTokens::ready(TokenMask::from_words(len, &words)))
+        }
+    };
+    Ok(SampleRequest {
+        params: SamplingParams {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k as usize,
+            min_p: s.min_p,
+            seed: s.seed,
+        },
+        penalties: Penalties {
+            presence: s.presence_penalty,
+            frequency: s.frequency_penalty,
+            repetition: s.repetition_penalty,
+        },
+        logprobs: s.logprobs,
+        top_logprobs: s.top_logprobs as usize,
+        allowed,
+    })
 }
 
 /// Wire form of an output.
@@ -161,5 +207,119 @@ pub fn output_from_pb(reply: pb::StepReply) -> StepOutput {
                     .collect(),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn entry(seq: SeqId, sample: Option<SampleRequest>) -> StepEntry {
+        StepEntry {
+            seq,
+            tokens: vec![1, 2, 3],
+            start: 4,
+            prompt_len: 6,
+            block_table: vec![0, 1],
+            sample,
+            cached_prefix: Vec::new(),
+        }
+    }
+
+    fn sample(allowed: Option<AllowedTokens>) -> SampleRequest {
+        SampleRequest {
+            params: SamplingParams {
+                temperature: 0.7,
+                top_p: 0.9,
+                top_k: 5,
+                min_p: 0.1,
+                seed: 42,
+            },
+            penalties: Penalties {
+                presence: 0.1,
+                frequency: 0.2,
+                repetition: 1.1,
+            },
+            logprobs: true,
+            top_logprobs: 3,
+            allowed,
+        }
+    }
+
+    /// A batch crosses the wire whole: every field, and a constrained row's mask (as
+    /// `ceil(len / 64)` little-endian words) arrives filled, the same tokens over the same
+    /// ids; rows without a mask arrive without one.
+    #[test]
+    fn a_batch_with_masks_round_trips() {
+        let mask = TokenMask::from_tokens(130, [0, 63, 64, 100, 129]);
+        let batch = StepBatch {
+            entries: vec![
+                entry(1, Some(sample(None))),
+                entry(2, Some(sample(Some(AllowedTokens::ready(mask.clone()))))),
+                entry(3, None),
+            ],
+        };
+        let wire = batch_to_pb(&batch).unwrap();
+        let constrained = wire.entries[1].sample.as_ref().unwrap();
+        assert_eq!(constrained.allowed_len, 130);
+        assert_eq!(constrained.allowed_mask.as_ref().map(Vec::len), Some(24));
+        assert_eq!(wire.entries[0].sample.as_ref().unwrap().allowed_mask, None);
+        let back = batch_from_pb(wire).unwrap();
+        assert_eq!(back.entries.len(), 3);
+        for (a, b) in batch.entries.iter().zip(&back.entries) {
+            assert_eq!(
+                (a.seq, &a.tokens, a.start, a.prompt_len, &a.block_table),
+                (b.seq, &b.tokens, b.start, b.prompt_len, &b.block_table)
+            );
+            assert_eq!(a.sample.is_some(), b.sample.is_some());
+            if let (Some(x), Some(y)) = (&a.sample, &b.sample) {
+                assert_eq!(
+                    (x.params, x.penalties, x.logprobs, x.top_logprobs),
+                    (y.params, y.penalties, y.logprobs, y.top_logprobs)
+                );
+                assert_eq!(x.allowed.is_some(), y.allowed.is_some());
+            }
+        }
+        let arrived = back.entries[1]
+            .sample
+            .as_ref()
+            .unwrap()
+            .allowed
+            .as_ref()
+            .unwrap();
+        assert_eq!(*arrived.wait(Duration::ZERO).unwrap(), mask);
+    }
+
+    /// A mask of the wrong byte length is refused as an invalid step, naming the sequence; a
+    /// mask that never came fails the step on the sending side.
+    #[test]
+    fn malformed_and_failed_masks_are_refused() {
+        let batch = StepBatch {
+            entries: vec![entry(
+                7,
+                Some(sample(Some(AllowedTokens::ready(TokenMask::all(70))))),
+            )],
+        };
+        let mut wire = batch_to_pb(&batch).unwrap();
+        if let Some(s) = wire.entries[0].sample.as_mut() {
+            s.allowed_mask.as_mut().unwrap().pop();
+        }
+        let err = batch_from_pb(wire).unwrap_err();
+        assert!(
+            matches!(&err, StepError::Invalid(m) if m.contains("sequence 7") && m.contains("16 bytes")),
+            "{err}"
+        );
+        let failed = AllowedTokens::pending();
+        failed.fill(Err("no grammar".into()));
+        let batch = StepBatch {
+            entries: vec![entry(8, Some(sample(Some(failed))))],
+        };
+        let err = batch_to_pb(&batch).unwrap_err();
+        assert!(
+            matches!(&err, StepError::Model(m) if m.contains("no grammar")),
+            "{err}"
+        );
     }
 }

@@ -90,7 +90,7 @@ impl Attention for AttentionService {
     }
 
     async fn step(&self, r: Request<pb::StepRequest>) -> Result<Response<pb::StepReply>, Status> {
-        let batch = convert::batch_from_pb(r.into_inner());
+        let batch = convert::batch_from_pb(r.into_inner()).map_err(status)?;
         let out = self
             .with_node(move |n| n.step(&batch))
             .await?
@@ -194,7 +194,7 @@ impl AttentionNode for RemoteNode {
 
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
         let mut client = self.client.clone();
-        let request = convert::batch_to_pb(batch);
+        let request = convert::batch_to_pb(batch)?;
         let reply = self
             .runtime
             .block_on(client.step(request))
@@ -218,5 +218,132 @@ impl AttentionNode for RemoteNode {
 
     fn health_source(&self) -> Option<Arc<dyn HealthSource>> {
         Some(self.health.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use model::sampling::SamplingParams;
+    use step::constraint::MASK_WAIT;
+    use step::{AllowedTokens, SampleRequest, SampledToken, StepEntry, TokenMask};
+    use tonic::transport::server::TcpIncoming;
+
+    use super::*;
+
+    /// Answers each sampling row with its lowest allowed token (0 without a mask), and the
+    /// mask's length as the logprob.
+    struct LowestAllowed;
+
+    impl AttentionNode for LowestAllowed {
+        fn kv_capacity(&self) -> KvCapacity {
+            KvCapacity {
+                block_size: 4,
+                num_blocks: 8,
+            }
+        }
+
+        fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, StepError> {
+            let mut out = StepOutput::default();
+            for e in &batch.entries {
+                let Some(s) = &e.sample else { continue };
+                let (token, len) = match &s.allowed {
+                    None => (0, 0),
+                    Some(h) => {
+                        let mask = h.wait(MASK_WAIT).map_err(StepError::Model)?;
+                        (mask.iter().next().unwrap_or(0), mask.len())
+                    }
+                };
+                out.sampled.push(SampledToken {
+                    seq: e.seq,
+                    token,
+                    logprob: len as f32,
+                    top_logprobs: Vec::new(),
+                });
+            }
+            Ok(out)
+        }
+
+        fn free(&mut self, _seqs: &[SeqId]) -> Result<(), StepError> {
+            Ok(())
+        }
+    }
+
+    /// A router's constrained rows reach a remote node with their masks, waited for on the
+    /// router's side (a mask filled a little later still goes); a mask that failed fails the
+    /// step before it is sent.
+    #[test]
+    fn masks_cross_the_wire_to_a_remote_node() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let incoming = runtime
+            .block_on(async { TcpIncoming::bind("127.0.0.1:0".parse().unwrap()) })
+            .unwrap();
+        let address = incoming.local_addr().unwrap();
+        let service = AttentionService::new(Box::new(LowestAllowed)).into_server();
+        runtime.spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming),
+        );
+        let channel = runtime
+            .block_on(
+                tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+                    .unwrap()
+                    .connect(),
+            )
+            .unwrap();
+        let mut node =
+            RemoteNode::new(channel, &address.to_string(), runtime.handle().clone()).unwrap();
+        let entry = |seq: SeqId, allowed: Option<AllowedTokens>| StepEntry {
+            seq,
+            tokens: vec![1],
+            start: 0,
+            prompt_len: 1,
+            block_table: vec![0],
+            sample: Some(SampleRequest {
+                params: SamplingParams::greedy(),
+                penalties: Default::default(),
+                logprobs: true,
+                top_logprobs: 0,
+                allowed,
+            }),
+            cached_prefix: Vec::new(),
+        };
+        let later = AllowedTokens::pending();
+        let filler = later.clone();
+        let fill = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            filler.fill(Ok(TokenMask::from_tokens(300, [77, 250])));
+        });
+        let out = node
+            .step(&StepBatch {
+                entries: vec![
+                    entry(1, None),
+                    entry(2, Some(later)),
+                    entry(
+                        3,
+                        Some(AllowedTokens::ready(TokenMask::from_tokens(65, [64]))),
+                    ),
+                ],
+            })
+            .unwrap();
+        fill.join().unwrap();
+        let got: Vec<(u32, f32)> = out.sampled.iter().map(|s| (s.token, s.logprob)).collect();
+        assert_eq!(got, vec![(0, 0.0), (77, 300.0), (64, 65.0)]);
+
+        let failed = AllowedTokens::pending();
+        failed.fill(Err("the grammar broke".into()));
+        let err = node
+            .step(&StepBatch {
+                entries: vec![entry(4, Some(failed))],
+            })
+            .unwrap_err();
+        assert!(
+            matches!(&err, StepError::Model(m) if m.contains("the grammar broke")),
+            "{err}"
+        );
+        drop(node);
+        runtime.shutdown_timeout(Duration::from_secs(1));
     }
 }

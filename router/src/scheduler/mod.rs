@@ -32,9 +32,9 @@ pub use block_manager::{BlockHash, BlockManager};
 use request::Sequence;
 pub use request::{
     FinishReason, NewRequest, RequestId, RequestStatus, SchedulerOutput, SchedulerStats,
-    SequenceParams, TokenOutput,
+    SequenceFailure, SequenceParams, TokenOutput,
 };
-use step::{StepEntry, StepOutput};
+use step::{AllowedTokens, MaskJob, StepEntry, StepOutput};
 
 use crate::config::SchedulerConfig;
 use crate::error::Error;
@@ -305,13 +305,25 @@ impl Scheduler {
                 seq.tokens[..seq.num_computed].to_vec()
             };
             seq.on_node = true;
+            let sample = (end == seq.tokens.len()).then(|| {
+                let mut sample = seq.params.sample.clone();
+                if let Some(constraint) = &seq.params.constraint {
+                    let allowed = AllowedTokens::pending();
+                    out.mask_jobs.push(MaskJob {
+                        constraint: constraint.clone(),
+                        allowed: allowed.clone(),
+                    });
+                    sample.allowed = Some(allowed);
+                }
+                sample
+            });
             out.batch.entries.push(StepEntry {
                 seq: id,
                 tokens: seq.tokens[seq.num_computed..end].to_vec(),
                 start: seq.num_computed,
                 prompt_len: seq.prompt_len,
                 block_table: seq.blocks.clone(),
-                sample: (end == seq.tokens.len()).then_some(seq.params.sample),
+                sample,
                 cached_prefix,
             });
         }
@@ -322,14 +334,15 @@ impl Scheduler {
     /// Applies a step's results: advances every scheduled request, appends sampled tokens,
     /// finishes requests that hit a stop token, `max_tokens` or `max_model_len`, and frees them.
     ///
-    /// A scheduled request that asked for a token and got none fails; it is returned in the
-    /// second list (and freed) so the caller can report it.
+    /// A scheduled request that asked for a token and got none, or got one its grammar
+    /// refuses, fails; it is returned in the second list with why (and freed) so the caller
+    /// can report it.
     pub fn update_from_output(
         &mut self,
         scheduled: &SchedulerOutput,
         output: &StepOutput,
         now: Instant,
-    ) -> (Vec<TokenOutput>, Vec<RequestId>) {
+    ) -> (Vec<TokenOutput>, Vec<(RequestId, SequenceFailure)>) {
         let sampled: HashMap<u64, &step::SampledToken> =
             output.sampled.iter().map(|s| (s.seq, s)).collect();
         let mut tokens = Vec::new();
@@ -349,7 +362,7 @@ impl Scheduler {
             self.stats.computed_tokens_total += n as u64;
             let answered = sampled.get(&id);
             if entry.sample.is_some() && answered.is_none() {
-                failed.push(id);
+                failed.push((id, SequenceFailure::NoToken));
                 continue;
             }
             self.blocks.cache_full_blocks(
@@ -360,6 +373,12 @@ impl Scheduler {
             let Some(s) = answered else {
                 continue;
             };
+            if let Some(constraint) = &seq.params.constraint
+                && let Err(e) = constraint.0.accept(s.token)
+            {
+                failed.push((id, SequenceFailure::Constraint(e)));
+                continue;
+            }
             if seq.num_output() == 0 {
                 self.stats.prompt_tokens_total += seq.prompt_len as u64;
             }
@@ -389,8 +408,8 @@ impl Scheduler {
                 self.remove(id);
             }
         }
-        for &id in &failed {
-            self.abort(id);
+        for (id, _) in &failed {
+            self.abort(*id);
         }
         (tokens, failed)
     }

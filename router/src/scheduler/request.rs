@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use step::{SampleRequest, StepBatch};
+use step::{Constraint, MaskJob, SampleRequest, StepBatch};
 
 use super::BlockHash;
 
@@ -19,6 +19,9 @@ pub struct SequenceParams {
     /// Tokens that end the sequence (the model's end-of-sequence ids unless `ignore_eos`, plus
     /// the request's `stop_token_ids`). The stop token is part of the output.
     pub stop_token_ids: Vec<u32>,
+    /// The grammar its output must follow (structured output), or `None`. The scheduler
+    /// hands out a [`MaskJob`] for each step that samples it, and feeds it each sampled token.
+    pub constraint: Option<Constraint>,
 }
 
 /// A request as the scheduler receives it.
@@ -52,6 +55,17 @@ pub enum FinishReason {
     StopToken(u32),
     /// It reached `max_tokens` or `max_model_len`.
     Length,
+}
+
+/// Why a step could not continue a sequence.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SequenceFailure {
+    /// It asked for a token and the node returned none.
+    #[error("the node returned no token for a sequence that asked for one")]
+    NoToken,
+    /// The token sampled does not follow the output's grammar.
+    #[error("the sampled token does not follow the requested output format: {0}")]
+    Constraint(String),
 }
 
 /// One generated token, as the scheduler reports it after a step.
@@ -115,6 +129,9 @@ pub struct SchedulerOutput {
     pub started: Vec<RequestId>,
     /// Requests preempted in this step.
     pub preempted: Vec<RequestId>,
+    /// The masks the step's constrained rows wait on: computed off the scheduling thread while
+    /// the node runs the step (see [`step::constraint`]).
+    pub mask_jobs: Vec<MaskJob>,
 }
 
 impl SchedulerOutput {

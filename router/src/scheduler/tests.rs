@@ -13,6 +13,7 @@ use crate::fake::{FakeNode, FakeNodeConfig};
 
 mod accounting;
 mod admission;
+mod constraints;
 mod prefix_caching;
 
 fn config(max_num_seqs: usize, budget: usize, max_model_len: usize) -> SchedulerConfig {
@@ -33,8 +34,10 @@ fn params(max_tokens: usize) -> SequenceParams {
             penalties: Penalties::default(),
             logprobs: false,
             top_logprobs: 0,
+            allowed: None,
         },
         stop_token_ids: Vec::new(),
+        constraint: None,
     }
 }
 
@@ -81,7 +84,7 @@ impl Harness {
         self.node.free(&out.freed).unwrap();
         let result = self.node.step(&out.batch).unwrap();
         let (tokens, failed) = self.sched.update_from_output(&out, &result, Instant::now());
-        assert!(failed.is_empty());
+        assert!(failed.is_empty(), "{failed:?}");
         for t in &tokens {
             self.outputs.entry(t.id).or_default().push(t.token);
             if let Some(f) = t.finish {

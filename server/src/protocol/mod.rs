@@ -82,6 +82,10 @@ pub struct CommonParams {
     pub stream_options: Option<StreamOptions>,
     /// Add `prompt_token_ids` and `choices[].token_ids` (vLLM).
     pub return_token_ids: Option<bool>,
+    /// OpenAI's output format: `{"type": "text" | "json_object" | "json_schema", ...}`.
+    pub response_format: Option<serde_json::Value>,
+    /// vLLM's structured outputs: one of `json`, `regex`, `choice`, `grammar`.
+    pub structured_outputs: Option<serde_json::Value>,
 }
 
 /// Token counts of a response.

@@ -44,7 +44,8 @@ pub struct ResponsesRequest {
     pub parallel_tool_calls: Option<bool>,
     /// Reasoning effort.
     pub reasoning: Option<ReasoningParams>,
-    /// `{"format": {"type": "text"}}`; structured formats are refused for now.
+    /// `{"format": {"type": "text" | "json_object" | "json_schema", ...}}`: chat's
+    /// `response_format`.
     pub text: Option<Value>,
     /// Whether to store the response; this server stores nothing (the response says so).
     pub store: Option<bool>,

@@ -119,7 +119,7 @@ pub fn to_chat_request(
     gpt_oss: bool,
 ) -> Result<ChatCompletionRequest, ApiError> {
     refuse_stateful(req)?;
-    check_text_format(req.text.as_ref())?;
+    let response_format = text_format(req.text.as_ref())?;
     if req.top_logprobs.is_some_and(|k| k != 0) {
         return Err(ApiError::bad_param(
             "top_logprobs",
@@ -146,6 +146,7 @@ pub fn to_chat_request(
             top_k: req.top_k,
             seed: req.seed,
             stream: req.stream,
+            response_format,
             ..Default::default()
         },
         tools: req.tools.as_ref().map(chat_tools).transpose()?,
@@ -181,22 +182,34 @@ fn refuse_stateful(req: &ResponsesRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_text_format(text: Option<&Value>) -> Result<(), ApiError> {
+/// `text.format` as chat's `response_format`: Responses writes a JSON schema's `name`,
+/// `schema` and `strict` beside `type`, chat nests them under `json_schema`.
+fn text_format(text: Option<&Value>) -> Result<Option<Value>, ApiError> {
     let Some(format) = text.and_then(|t| t.get("format")).filter(|f| !f.is_null()) else {
-        return Ok(());
+        return Ok(None);
     };
     match format.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(()),
-        Some(kind @ ("json_object" | "json_schema")) => Err(ApiError::bad_param(
-            "text.format",
-            format!(
-                "text.format type `{kind}` (structured outputs) is not supported yet; ask for \
-                 JSON in the instructions, or leave text.format out."
-            ),
-        )),
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("json_schema") => {
+            let schema = format
+                .get("schema")
+                .filter(|s| s.is_object())
+                .ok_or_else(|| {
+                    ApiError::bad_param(
+                        "text.format.schema",
+                        "text.format of type json_schema needs a schema object: {\"type\": \
+                     \"json_schema\", \"name\": ..., \"schema\": {...}}.",
+                    )
+                })?;
+            Ok(Some(json!({
+                "type": "json_schema",
+                "json_schema": {"name": format.get("name"), "schema": schema, "strict": format.get("strict")},
+            })))
+        }
         _ => Err(ApiError::bad_param(
             "text.format",
-            format!("text.format must be {{\"type\": \"text\"}}; got {format}."),
+            format!("text.format type must be text, json_object or json_schema; got {format}."),
         )),
     }
 }

@@ -123,9 +123,9 @@ fn what_needs_storage_or_is_not_built_is_refused_naming_it() {
             "stores none",
         ),
         (
-            json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}}),
-            "text.format",
-            "json_schema",
+            json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}),
+            "text.format.schema",
+            "schema object",
         ),
         (
             json!({"input": "x", "top_logprobs": 2}),

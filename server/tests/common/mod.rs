@@ -222,6 +222,7 @@ impl TestServer {
             penalties: Penalties::default(),
             logprobs: false,
             top_logprobs: 0,
+            allowed: None,
         };
         let mut tokens = prompt.to_vec();
         for _ in 0..max_tokens {

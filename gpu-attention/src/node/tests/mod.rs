@@ -17,6 +17,7 @@ use super::*;
 use crate::cards::{CardBoard, Heartbeat};
 use crate::dispatch::ExpertPlacement;
 use crate::fabric::{CardFabric, Reply};
+use step::{Penalties, SampleRequest, StepEntry, TokenMask};
 
 /// Cards in memory: card `c` holds experts `e % cards == c` (every expert when `replicated`)
 /// and a contiguous vocabulary slice.
@@ -580,6 +581,116 @@ fn prompts_longer_than_a_step_are_prefilled_in_chunks() {
             .map(|e| e.to_string().contains("--max-num-batched-tokens")),
         Some(true)
     );
+}
+
+/// The prompts as one prefill step, each sampling as `sample(i)` says.
+fn prefill(prompts: &[Vec<u32>], sample: impl Fn(usize) -> SampleRequest) -> StepBatch {
+    StepBatch {
+        entries: prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| StepEntry {
+                seq: i as SeqId,
+                tokens: p.clone(),
+                start: 0,
+                prompt_len: p.len(),
+                block_table: (4 * i as u32..4 * i as u32 + 4).collect(),
+                sample: Some(sample(i)),
+                cached_prefix: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
+/// A handle filled with `mask` from another thread a little later, as the router's mask
+/// thread fills it while the step runs.
+fn filled_later(mask: TokenMask) -> step::AllowedTokens {
+    let handle = step::AllowedTokens::pending();
+    let filler = handle.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        filler.fill(Ok(mask));
+    });
+    handle
+}
+
+/// Structured output through the sharded LM head: a greedy row whose mask refuses the
+/// unconstrained choice gets the second best token of the full logits, decided from the cards'
+/// candidates (no full-logits round), with the unconstrained logprob and alternatives; a
+/// sampled row under a mask gathers the full logits and draws an allowed token.
+#[test]
+fn a_constrained_row_samples_the_best_allowed_token_through_the_lm_head() {
+    let dir = fixture("gpt-oss-mxfp4");
+    let prompts = prompts();
+    let free = |_| SampleRequest {
+        params: SamplingParams::greedy(),
+        penalties: Penalties::default(),
+        logprobs: true,
+        top_logprobs: 2,
+        allowed: None,
+    };
+    let mut n = node(&dir, 3, MicroBatches::Auto);
+    n.collect_logits(true);
+    let unconstrained = n.step(&prefill(&prompts, free)).unwrap().sampled;
+    let logits = n.take_logits();
+    let vocab = n.config().vocab_size;
+    assert_eq!(logits.len(), prompts.len());
+
+    let without = |t: u32| TokenMask::from_tokens(vocab, (0..vocab as u32).filter(|&u| u != t));
+    let mut n = node(&dir, 3, MicroBatches::Auto);
+    let constrained = n
+        .step(&prefill(&prompts, |i| SampleRequest {
+            allowed: Some(filled_later(without(unconstrained[i].token))),
+            ..free(i)
+        }))
+        .unwrap()
+        .sampled;
+    assert_eq!(n.stats().full_logits_rows, 0, "decided from the candidates");
+    for ((free, got), (seq, row)) in unconstrained.iter().zip(&constrained).zip(&logits) {
+        assert_eq!(got.seq, *seq);
+        let raw = sampling::log_softmax(row);
+        let mut second = row.clone();
+        second[free.token as usize] = f32::NEG_INFINITY;
+        let expected = sampling::argmax(&second);
+        assert_ne!(expected, free.token);
+        assert_eq!(got.token, expected, "sequence {seq}");
+        assert!((got.logprob - raw[expected as usize]).abs() < 1e-4);
+        assert_eq!(got.top_logprobs, free.top_logprobs);
+    }
+
+    // Sampled under a mask of every fifth token: gathered, and always allowed.
+    let fifth = TokenMask::from_tokens(vocab, (0..vocab as u32).filter(|t| t % 5 == 1));
+    let mut n = node(&dir, 3, MicroBatches::Auto);
+    let sampled = n
+        .step(&prefill(&prompts, |i| SampleRequest {
+            params: SamplingParams {
+                temperature: 0.9,
+                seed: 5 + i as u64,
+                ..Default::default()
+            },
+            allowed: Some(filled_later(fifth.clone())),
+            ..free(i)
+        }))
+        .unwrap()
+        .sampled;
+    assert_eq!(n.stats().full_logits_rows, prompts.len() as u64);
+    for (got, (_, row)) in sampled.iter().zip(&logits) {
+        assert!(fifth.allows(got.token), "{}", got.token);
+        let raw = sampling::log_softmax(row);
+        assert!((got.logprob - raw[got.token as usize]).abs() < 1e-4);
+    }
+
+    // A mask whose computation failed fails the step.
+    let failed = step::AllowedTokens::pending();
+    failed.fill(Err("the grammar broke".into()));
+    let mut n = node(&dir, 2, MicroBatches::Auto);
+    let err = n
+        .step(&prefill(&prompts[..1], |i| SampleRequest {
+            allowed: Some(failed.clone()),
+            ..free(i)
+        }))
+        .unwrap_err();
+    assert!(err.to_string().contains("the grammar broke"), "{err}");
 }
 
 mod pools;
