@@ -11,16 +11,30 @@ use model::ModelTokenizer;
 /// Prompt tokens used as left context of the first generated token.
 const PROMPT_CONTEXT: usize = 5;
 
+/// Token ids the tokenizer could not turn into text (an id outside its vocabulary, say).
+#[derive(Debug, thiserror::Error)]
+#[error("the tokenizer could not decode token ids {ids:?}: {source}")]
+pub struct DecodeError {
+    /// The ids it was given (the detokenizer's window: a few tokens).
+    pub ids: Vec<u32>,
+    /// The tokenizer's own error (boxed: it is large, and errors are rare).
+    #[source]
+    pub source: Box<model::Error>,
+}
+
 /// Anything that turns token ids into text.
 pub trait TokenDecoder {
     /// Text of `ids`.
-    fn decode_ids(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, String>;
+    fn decode_ids(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, DecodeError>;
 }
 
 impl TokenDecoder for ModelTokenizer {
-    fn decode_ids(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, String> {
+    fn decode_ids(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, DecodeError> {
         self.decode(ids, skip_special_tokens)
-            .map_err(|e| e.to_string())
+            .map_err(|source| DecodeError {
+                ids: ids.to_vec(),
+                source: Box::new(source),
+            })
     }
 }
 
@@ -46,7 +60,7 @@ impl IncrementalDetokenizer {
     }
 
     /// Adds a token and returns the text it completes (possibly empty).
-    pub fn push(&mut self, decoder: &dyn TokenDecoder, id: u32) -> Result<String, String> {
+    pub fn push(&mut self, decoder: &dyn TokenDecoder, id: u32) -> Result<String, DecodeError> {
         self.ids.push(id);
         let prefix = decoder.decode_ids(
             &self.ids[self.prefix_offset..self.read_offset],
@@ -74,7 +88,7 @@ impl IncrementalDetokenizer {
 
     /// Whatever is still held back (an incomplete character at the very end), as text with
     /// replacement characters; call once when the sequence ends.
-    pub fn flush(&mut self, decoder: &dyn TokenDecoder) -> Result<String, String> {
+    pub fn flush(&mut self, decoder: &dyn TokenDecoder) -> Result<String, DecodeError> {
         if self.read_offset == self.ids.len() {
             return Ok(String::new());
         }

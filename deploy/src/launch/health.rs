@@ -16,18 +16,56 @@ use crate::remote::grpc_url;
 /// How long one probe may take before it counts as "not yet".
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// Why a process is not ready (yet). Only logged while the launcher waits, and quoted in the
+/// error when it waited too long.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Nothing answered within [`PROBE_TIMEOUT`].
+    #[error("no answer within {} s", PROBE_TIMEOUT.as_secs_f64())]
+    Timeout,
+    /// The node's certificate or key could not be read.
+    #[error("reading this node's certificate: {0}")]
+    Identity(#[source] jetstream::Error),
+    /// The control-plane connection failed.
+    #[error("connecting: {0}")]
+    Connect(#[source] Box<crate::error::Error>),
+    /// The gRPC health call failed.
+    #[error("health call: {0}")]
+    Rpc(#[source] Box<tonic::Status>),
+    /// The process answered that it is not ready, and why.
+    #[error("{0}")]
+    NotReady(String),
+    /// The HTTP exchange failed.
+    #[error("GET {path}: {source}")]
+    Http {
+        /// The path asked for.
+        path: String,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The answer was not HTTP.
+    #[error("not an HTTP answer: {0:?}")]
+    NotHttp(String),
+    /// The HTTP answer was not 200.
+    #[error("GET {path} answered {status}")]
+    Status {
+        /// The path asked for.
+        path: String,
+        /// The status it answered.
+        status: u16,
+    },
+}
+
 /// Whether the process answers its health check now; the reason when it does not.
-pub async fn probe(check: &HealthCheck) -> Result<(), String> {
+pub async fn probe(check: &HealthCheck) -> Result<(), ProbeError> {
     match tokio::time::timeout(PROBE_TIMEOUT, probe_once(check)).await {
         Ok(result) => result,
-        Err(_) => Err(format!(
-            "no answer within {} s",
-            PROBE_TIMEOUT.as_secs_f64()
-        )),
+        Err(_) => Err(ProbeError::Timeout),
     }
 }
 
-async fn probe_once(check: &HealthCheck) -> Result<(), String> {
+async fn probe_once(check: &HealthCheck) -> Result<(), ProbeError> {
     match check {
         HealthCheck::Card {
             address,
@@ -39,7 +77,7 @@ async fn probe_once(check: &HealthCheck) -> Result<(), String> {
                 .health(HealthRequest {})
                 .await
                 .map(|_| ())
-                .map_err(|s| s.message().to_owned())
+                .map_err(|s| ProbeError::Rpc(Box::new(s)))
         }
         HealthCheck::Attention {
             address,
@@ -50,17 +88,20 @@ async fn probe_once(check: &HealthCheck) -> Result<(), String> {
             let reply = AttentionClient::new(channel)
                 .health(HealthRequest {})
                 .await
-                .map_err(|s| s.message().to_owned())?
+                .map_err(|s| ProbeError::Rpc(Box::new(s)))?
                 .into_inner();
             if reply.ready {
                 Ok(())
             } else {
-                Err(reply.status)
+                Err(ProbeError::NotReady(reply.status))
             }
         }
         HealthCheck::Http { address, path } => match http_status(address, path).await? {
             200 => Ok(()),
-            status => Err(format!("GET {path} answered {status}")),
+            status => Err(ProbeError::Status {
+                path: path.clone(),
+                status,
+            }),
         },
     }
 }
@@ -71,39 +112,34 @@ async fn connect(
     server: &str,
     certs: &std::path::Path,
     me: &str,
-) -> Result<tonic::transport::Channel, String> {
-    let identity = jetstream::NodeIdentity::read_pem(certs, me).map_err(|e| e.to_string())?;
-    // A probe's outcome is only logged while waiting: text is all it needs.
+) -> Result<tonic::transport::Channel, ProbeError> {
+    let identity = jetstream::NodeIdentity::read_pem(certs, me).map_err(ProbeError::Identity)?;
     control_plane::connect(&grpc_url(address), server, &identity)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| ProbeError::Connect(Box::new(e)))
 }
 
 /// The status code of `GET path` on `address` (HTTP/1.1, `Connection: close`).
-async fn http_status(address: &str, path: &str) -> Result<u16, String> {
-    let mut stream = tokio::net::TcpStream::connect(address)
-        .await
-        .map_err(|e| e.to_string())?;
+async fn http_status(address: &str, path: &str) -> Result<u16, ProbeError> {
+    let io = |source| ProbeError::Http {
+        path: path.to_string(),
+        source,
+    };
+    let mut stream = tokio::net::TcpStream::connect(address).await.map_err(io)?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
+    stream.write_all(request.as_bytes()).await.map_err(io)?;
     let mut head = Vec::new();
     let mut buf = [0u8; 256];
     // The status line is all we need.
     while !head.contains(&b'\n') {
-        let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
+        let n = stream.read(&mut buf).await.map_err(io)?;
         if n == 0 {
             break;
         }
         head.extend_from_slice(&buf[..n]);
     }
     parse_status_line(&head).ok_or_else(|| {
-        format!(
-            "not an HTTP answer: {:?}",
-            String::from_utf8_lossy(&head[..head.len().min(80)])
-        )
+        ProbeError::NotHttp(String::from_utf8_lossy(&head[..head.len().min(80)]).into_owned())
     })
 }
 
@@ -157,7 +193,14 @@ mod tests {
                 path: "/health".into(),
             },
         ] {
-            assert!(probe(&check).await.is_err(), "{check:?}");
+            let err = probe(&check).await.unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    ProbeError::Rpc(_) | ProbeError::Connect(_) | ProbeError::Http { .. }
+                ),
+                "{check:?}: {err:?}"
+            );
         }
     }
 }
