@@ -70,6 +70,47 @@ fn finite(param: &str, v: f64) -> Result<f64, ApiError> {
 
 /// Validates the parameters completions and chat share.
 pub fn validate_common(p: &CommonParams, limits: &Limits) -> Result<Validated, ApiError> {
+    // Checked in this order: the first bad parameter is the one the 400 names.
+    let sampling = sampling(p, limits)?;
+    let penalties = penalties(p)?;
+    let n = p.n.unwrap_or(1);
+    if n < 1 || n as u64 > limits.max_n as u64 {
+        return Err(bad(
+            "n",
+            format!("n must be in [1, {}], got {n}.", limits.max_n),
+        ));
+    }
+    let max_tokens = max_tokens(p)?;
+    let stop_token_ids = stop_token_ids(p, limits)?;
+    let stops: Vec<String> = p
+        .stop
+        .clone()
+        .map(|s| s.into_vec())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect();
+    let stream = streaming(p)?;
+    Ok(Validated {
+        sampling,
+        seed: p.seed.map(|s| s as u64),
+        penalties,
+        stops,
+        stop_token_ids,
+        include_stop_str_in_output: p.include_stop_str_in_output.unwrap_or(false),
+        n: n as usize,
+        ignore_eos: p.ignore_eos.unwrap_or(false),
+        skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
+        stream: stream.stream,
+        include_usage: stream.include_usage,
+        continuous_usage: stream.continuous_usage,
+        return_token_ids: p.return_token_ids.unwrap_or(false),
+        max_tokens,
+    })
+}
+
+/// Temperature, top-p, top-k and min-p (the seed is set per choice).
+fn sampling(p: &CommonParams, limits: &Limits) -> Result<SamplingParams, ApiError> {
     let temperature = finite("temperature", p.temperature.unwrap_or(1.0))?;
     if temperature < 0.0 {
         return Err(bad(
@@ -119,6 +160,17 @@ pub fn validate_common(p: &CommonParams, limits: &Limits) -> Result<Validated, A
             format!("min_p must be in [0, 1], got {min_p}."),
         ));
     }
+    Ok(SamplingParams {
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        top_k,
+        min_p: min_p as f32,
+        seed: 0,
+    })
+}
+
+/// Presence, frequency and repetition penalties.
+fn penalties(p: &CommonParams) -> Result<Penalties, ApiError> {
     let presence = finite("presence_penalty", p.presence_penalty.unwrap_or(0.0))?;
     let frequency = finite("frequency_penalty", p.frequency_penalty.unwrap_or(0.0))?;
     for (name, v) in [
@@ -136,85 +188,68 @@ pub fn validate_common(p: &CommonParams, limits: &Limits) -> Result<Validated, A
             format!("repetition_penalty must be in (0, 2], got {repetition}."),
         ));
     }
-    let n = p.n.unwrap_or(1);
-    if n < 1 || n as u64 > limits.max_n as u64 {
-        return Err(bad(
-            "n",
-            format!("n must be in [1, {}], got {n}.", limits.max_n),
-        ));
-    }
-    let max_tokens = match (p.max_completion_tokens, p.max_tokens) {
+    Ok(Penalties {
+        presence: presence as f32,
+        frequency: frequency as f32,
+        repetition: repetition as f32,
+    })
+}
+
+/// `max_completion_tokens`, else `max_tokens` (at least 1), if either is given.
+fn max_tokens(p: &CommonParams) -> Result<Option<usize>, ApiError> {
+    let given = match (p.max_completion_tokens, p.max_tokens) {
         (Some(v), _) => Some(("max_completion_tokens", v)),
         (None, Some(v)) => Some(("max_tokens", v)),
         (None, None) => None,
     };
-    let max_tokens = match max_tokens {
-        Some((name, v)) if v < 1 => {
-            return Err(bad(name, format!("{name} must be at least 1, got {v}.")));
-        }
-        Some((_, v)) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
-        None => None,
-    };
-    let mut stop_token_ids = Vec::new();
-    for &id in p.stop_token_ids.as_deref().unwrap_or(&[]) {
-        if id < 0 || id as u64 >= limits.vocab_size as u64 {
-            return Err(bad(
-                "stop_token_ids",
-                format!(
-                    "stop_token_ids contains {id}, outside the vocabulary [0, {}).",
-                    limits.vocab_size
-                ),
-            ));
-        }
-        stop_token_ids.push(id as u32);
+    match given {
+        Some((name, v)) if v < 1 => Err(bad(name, format!("{name} must be at least 1, got {v}."))),
+        Some((_, v)) => Ok(Some(usize::try_from(v).unwrap_or(usize::MAX))),
+        None => Ok(None),
     }
-    let stops: Vec<String> = p
-        .stop
-        .clone()
-        .map(|s| s.into_vec())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|s| !s.is_empty())
-        .collect();
+}
+
+/// `stop_token_ids`, each inside the vocabulary.
+fn stop_token_ids(p: &CommonParams, limits: &Limits) -> Result<Vec<u32>, ApiError> {
+    p.stop_token_ids
+        .as_deref()
+        .unwrap_or(&[])
+        .iter()
+        .map(|&id| {
+            if id < 0 || id as u64 >= limits.vocab_size as u64 {
+                return Err(bad(
+                    "stop_token_ids",
+                    format!(
+                        "stop_token_ids contains {id}, outside the vocabulary [0, {}).",
+                        limits.vocab_size
+                    ),
+                ));
+            }
+            Ok(id as u32)
+        })
+        .collect()
+}
+
+/// Whether to stream, and the usage a stream carries.
+struct Streaming {
+    stream: bool,
+    include_usage: bool,
+    continuous_usage: bool,
+}
+
+fn streaming(p: &CommonParams) -> Result<Streaming, ApiError> {
     let stream = p.stream.unwrap_or(false);
-    let options = p.stream_options.clone();
+    let options = p.stream_options.as_ref();
     if options.is_some() && !stream {
         return Err(bad(
             "stream_options",
             "stream_options can only be set when stream is true.".into(),
         ));
     }
-    let include_usage = options
-        .as_ref()
-        .is_some_and(|o| o.include_usage.unwrap_or(true));
-    let continuous_usage = options
-        .as_ref()
-        .is_some_and(|o| o.continuous_usage_stats.unwrap_or(false));
-    Ok(Validated {
-        sampling: SamplingParams {
-            temperature: temperature as f32,
-            top_p: top_p as f32,
-            top_k,
-            min_p: min_p as f32,
-            seed: 0,
-        },
-        seed: p.seed.map(|s| s as u64),
-        penalties: Penalties {
-            presence: presence as f32,
-            frequency: frequency as f32,
-            repetition: repetition as f32,
-        },
-        stops,
-        stop_token_ids,
-        include_stop_str_in_output: p.include_stop_str_in_output.unwrap_or(false),
-        n: n as usize,
-        ignore_eos: p.ignore_eos.unwrap_or(false),
-        skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
+    Ok(Streaming {
         stream,
-        include_usage,
-        continuous_usage,
-        return_token_ids: p.return_token_ids.unwrap_or(false),
-        max_tokens,
+        include_usage: options.is_some_and(|o| o.include_usage.unwrap_or(true)),
+        continuous_usage: options.is_some_and(|o| o.continuous_usage_stats.unwrap_or(false)),
     })
 }
 
