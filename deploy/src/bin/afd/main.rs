@@ -14,6 +14,8 @@ mod k8s;
 mod overrides;
 mod plan;
 mod serve;
+mod serve_clock;
+mod serve_routing;
 mod synth;
 mod up;
 mod verify;

@@ -15,12 +15,14 @@ use corsair_ffn::service::CardHost;
 use deploy::cluster::{ClusterConfig, EmbeddedCluster, StartEvent};
 use deploy::shutdown::StopSignals;
 use indicatif::{ProgressBar, ProgressStyle};
-use router::{AfdStats, AfdStatsSource, Dilation, Router, RouterConfig, SchedulerConfig, Timing};
+use router::{AfdStats, AfdStatsSource, Dilation, Router, RouterConfig, SchedulerConfig};
 use server::tool_parsing::{ReasoningParserKind, ToolCallParserKind};
 use server::{Server, ServerConfig};
 use step::AttentionNode;
 
 use crate::cluster_args::ClusterArgs;
+use crate::serve_clock::timing;
+use crate::serve_routing::record_routing;
 
 /// Where the bundled model lives, relative to the repository root.
 const BUNDLED_MODEL: &str = "models/afd-tiny-gpt-oss";
@@ -32,26 +34,26 @@ pub struct ServeArgs {
     /// Checkpoint folder (Hugging Face layout); default: the bundled model,
     /// models/afd-tiny-gpt-oss.
     #[arg(long)]
-    model: Option<PathBuf>,
+    pub(crate) model: Option<PathBuf>,
     /// Attention nodes sharing the cards; each new request goes to the least-loaded one.
     #[arg(long, default_value_t = 1)]
-    attention_nodes: usize,
+    pub(crate) attention_nodes: usize,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
-    host: String,
+    pub(crate) host: String,
     /// Port to listen on (0: any free port).
     #[arg(long, default_value_t = 8000)]
-    port: u16,
+    pub(crate) port: u16,
     /// Most sequences in one step, per attention node (vLLM's max_num_seqs).
     #[arg(long, default_value_t = 256)]
-    max_num_seqs: usize,
+    pub(crate) max_num_seqs: usize,
     /// Longest sequence, prompt plus output (vLLM's max_model_len); default: the model's
     /// max_position_embeddings, capped by the KV cache of one attention node.
     #[arg(long)]
-    max_model_len: Option<usize>,
+    pub(crate) max_model_len: Option<usize>,
     /// Requests allowed to wait for a slot; beyond it the server answers 429.
     #[arg(long, default_value_t = 1024)]
-    max_waiting: usize,
+    pub(crate) max_waiting: usize,
     /// Reuse the KV blocks of prompt prefixes computed before (vLLM's automatic prefix
     /// caching, on by default; --no-enable-prefix-caching turns it off). Outputs are the same
     /// either way; the reference forward (--reference on the CPU) keeps no blocks to share.
@@ -59,84 +61,84 @@ pub struct ServeArgs {
         long = "enable-prefix-caching",
         overrides_with = "no_enable_prefix_caching"
     )]
-    enable_prefix_caching: bool,
+    pub(crate) enable_prefix_caching: bool,
     /// Turn automatic prefix caching off.
     #[arg(
         long = "no-enable-prefix-caching",
         overrides_with = "enable_prefix_caching"
     )]
-    no_enable_prefix_caching: bool,
+    pub(crate) no_enable_prefix_caching: bool,
     /// Model id in /v1/models and responses; default: the --model path as given.
     #[arg(long)]
-    served_model_name: Option<String>,
+    pub(crate) served_model_name: Option<String>,
     /// Serve the monolithic reference forward (whole model in this process, no cards) instead of
     /// the disaggregated path; for comparisons. With --device cuda: the whole model on the GPU
     /// (the GPU-only baseline).
     #[arg(long)]
-    reference: bool,
+    pub(crate) reference: bool,
     /// Frontend only: step through running `afd attention` processes at these addresses
     /// (host:port, comma-separated) instead of starting cards and attention nodes here. The
     /// cluster flags then do not apply, except --max-num-batched-tokens, which must match the
     /// nodes'.
     #[arg(long, value_delimiter = ',', conflicts_with = "reference")]
-    attention_addrs: Vec<String>,
+    pub(crate) attention_addrs: Vec<String>,
     /// Frontend only: the folder of `afd certs` with the cluster CA and the `frontend`
     /// certificate and key: the attention nodes' control plane is mutual TLS and answers only
     /// the frontend's certificate.
     #[arg(long, requires = "attention_addrs")]
-    certs: Option<PathBuf>,
+    pub(crate) certs: Option<PathBuf>,
     /// Bearer token every /v1/* request must carry (`Authorization: Bearer ...`); default: no
     /// authentication. Prefer the environment variable: a command line is visible to anyone on
     /// the machine.
     #[arg(long, env = "VLLM_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    pub(crate) api_key: Option<String>,
     /// Seconds to keep retrying --attention-addrs while they are still starting.
     #[arg(long, default_value_t = 300.0)]
-    connect_timeout: f64,
+    pub(crate) connect_timeout: f64,
     /// Seconds requests in flight may take to finish after SIGTERM or SIGINT (the server
     /// answers new ones 503 meanwhile); what still runs then ends with an error. A second
     /// signal ends it at once. Deployment-file key: `server.shutdown_timeout`.
     #[arg(long, default_value_t = 30.0)]
-    shutdown_timeout: f64,
+    pub(crate) shutdown_timeout: f64,
     /// What serving's times are: wall (the host's own speed) or modeled (each step takes
     /// what the deployment's hardware would take, per the planner's step model and the
     /// routing the step made, stretched --time-dilation times; docs/EMULATION.md).
     #[arg(long, default_value = "wall")]
-    clock: ClockKind,
+    pub(crate) clock: ClockKind,
     /// With --clock modeled: wall seconds per modeled second (at least 1), or auto to measure
     /// it from the first steps. Responses carry it (x-afd-time-dilation), /metrics too.
     #[arg(long, default_value = "auto")]
-    time_dilation: Dilation,
+    pub(crate) time_dilation: Dilation,
     /// With --clock modeled: the attention device the steps are modeled on (h100, h200 or a
     /// profile file; deployment-file key `attention.profile`).
     #[arg(long, default_value = "h100")]
-    attention_profile: String,
+    pub(crate) attention_profile: String,
     /// Count every step's routing (per layer and expert, per window of steps) into FILE, for
     /// `afd emulate --routing trace:FILE` (docs/EMULATION.md); written every 30 s and when the
     /// server stops.
     #[arg(long)]
-    record_routing: Option<PathBuf>,
+    pub(crate) record_routing: Option<PathBuf>,
     /// Steps per window of --record-routing.
     #[arg(long, default_value_t = 256)]
-    record_window: u64,
+    pub(crate) record_window: u64,
     /// Parse the model's tool calls into `tool_calls` when a chat request's `tool_choice` is
     /// "auto" (the default when it sends `tools`), as vLLM's flag; without it such requests
     /// are refused (400) and `tool_choice: "none"` returns the output as text.
     #[arg(long)]
-    enable_auto_tool_choice: bool,
+    pub(crate) enable_auto_tool_choice: bool,
     /// How the model writes tool calls: openai (GPT-OSS harmony), hermes (Qwen3's
     /// `<tool_call>`) or mistral (`[TOOL_CALLS]`); default: by config.json's model_type
     /// (gpt_oss: openai, qwen3_moe: hermes, mixtral: mistral).
     #[arg(long, value_parser = parse_tool_call_parser)]
-    tool_call_parser: Option<ToolCallParserKind>,
+    pub(crate) tool_call_parser: Option<ToolCallParserKind>,
     /// How the model writes its reasoning, which goes to `reasoning_content`: openai_gptoss
     /// (harmony's analysis channel), qwen3 (`<think>`) or none (reasoning stays in
     /// `content`); default: by config.json's model_type (gpt_oss: openai_gptoss, qwen3_moe:
     /// qwen3, mixtral: none).
     #[arg(long, value_parser = parse_reasoning_parser)]
-    reasoning_parser: Option<ReasoningParserKind>,
+    pub(crate) reasoning_parser: Option<ReasoningParserKind>,
     #[command(flatten)]
-    cluster: ClusterArgs,
+    pub(crate) cluster: ClusterArgs,
 }
 
 fn parse_tool_call_parser(s: &str) -> Result<ToolCallParserKind, String> {
@@ -340,21 +342,7 @@ pub fn run_frontend(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let model_dir = args.model.clone().unwrap_or_else(bundled_model);
-    if !model_dir.join("config.json").exists() {
-        if args.model.is_none() {
-            bail!(
-                "the bundled model is not in {} (yet); pass --model DIR with a Hugging Face \
-                 checkpoint folder, for example one made by `afd synth --family gpt-oss --preset \
-                 small --out /tmp/afd-small`",
-                model_dir.display()
-            );
-        }
-        bail!(
-            "{} has no config.json: --model must be a Hugging Face checkpoint folder",
-            model_dir.display()
-        );
-    }
+    let model_dir = checked_model_dir(&args)?;
     if args.attention_nodes == 0 {
         bail!("--attention-nodes must be at least 1");
     }
@@ -404,96 +392,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let capacity = nodes
-        .iter()
-        .map(|n| {
-            let k = n.kv_capacity();
-            k.block_size * k.num_blocks
-        })
-        .min()
-        .unwrap_or(0);
-    let max_model_len = match args.max_model_len {
-        Some(m) if m > capacity => bail!(
-            "--max-model-len {m} exceeds the KV cache of an attention node ({capacity} tokens); \
-             raise --kv-cache-memory or lower --max-model-len"
-        ),
-        Some(m) => m,
-        None => model_config.max_position_embeddings.min(capacity),
-    };
-    let router_config = RouterConfig {
-        scheduler: SchedulerConfig {
-            max_num_seqs: args.max_num_seqs,
-            max_num_batched_tokens: args.cluster.node.max_num_batched_tokens,
-            max_model_len,
-            enable_chunked_prefill: true,
-            enable_prefix_caching: !args.no_enable_prefix_caching,
-        },
-        max_waiting: args.max_waiting,
-    };
-    let (nodes, recorder) = match &args.record_routing {
-        Some(path) if !frontend_only => {
-            let m = model_config.moe.with_context(|| {
-                format!(
-                    "--record-routing {}: {} has no experts to route to",
-                    path.display(),
-                    model_dir.display()
-                )
-            })?;
-            let moe = model_config.moe_layers();
-            let recorder = Arc::new(std::sync::Mutex::new(emulate::RoutingRecorder::new(
-                &moe,
-                m.num_experts,
-                m.top_k,
-                args.record_window,
-            )));
-            let nodes = nodes
-                .into_iter()
-                .map(|n| {
-                    Box::new(emulate::record::RecordingNode::new(
-                        n,
-                        Arc::clone(&recorder),
-                    )) as Box<dyn AttentionNode>
-                })
-                .collect();
-            (nodes, Some(RoutingFile::start(path.clone(), recorder)))
-        }
-        Some(_) => bail!(
-            "--record-routing needs the attention nodes in this process; it does not work with \
-             --attention-addrs"
-        ),
-        None => (nodes, None),
-    };
-    let timing = match args.clock {
-        ClockKind::Wall => Timing::default(),
-        ClockKind::Modeled => {
-            if frontend_only {
-                bail!(
-                    "--clock modeled needs the attention nodes in this process (their routing \
-                     times each step); it does not work with --attention-addrs"
-                );
-            }
-            let model = modeled_steps(&args, &model_dir, &cluster, max_model_len)?;
-            let timers = (0..nodes.len())
-                .map(|_| {
-                    Box::new(emulate::ModeledTimer {
-                        model: Arc::clone(&model),
-                    }) as Box<dyn step::StepTimer>
-                })
-                .collect();
-            eprintln!(
-                "afd serve: modeled clock: steps timed on {} + {} x {} over {}, dilated {}",
-                model.profiles().device.name,
-                cluster.cards,
-                model.profiles().card.name,
-                model.profiles().network.name,
-                match args.time_dilation {
-                    Dilation::Fixed(k) => format!("{k} times"),
-                    Dilation::Auto => "by a factor measured on the first steps".into(),
-                }
-            );
-            Timing::modeled(timers, args.time_dilation)
-        }
-    };
+    let router_config = router_config(&args, &nodes, &model_config)?;
+    let max_model_len = router_config.scheduler.max_model_len;
+    let (nodes, recorder) = record_routing(&args, nodes, &model_config, &model_dir)?;
+    let timing = timing(&args, &model_dir, &cluster, max_model_len, nodes.len())?;
     let router = Router::start_with(router_config, nodes, timing).context("starting the router")?;
     let afd_stats: Option<Arc<dyn AfdStatsSource>> = match &deployment {
         Deployment::Embedded(c) => Some(Arc::new(ClusterStats {
@@ -501,27 +403,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         })),
         Deployment::Reference | Deployment::Remote { .. } => None,
     };
-    let server_config = ServerConfig {
-        host: args.host.clone(),
-        port: args.port,
-        model_dir: model_dir.clone(),
-        // The bundled model is served under its short name unless told otherwise.
-        served_model_name: args.served_model_name.clone().or_else(|| {
-            args.model.is_none().then(|| {
-                BUNDLED_MODEL
-                    .rsplit('/')
-                    .next()
-                    .unwrap_or(BUNDLED_MODEL)
-                    .to_string()
-            })
-        }),
-        api_key: args.api_key.clone().map(server::ApiKey::new),
-        shutdown_timeout: std::time::Duration::from_secs_f64(args.shutdown_timeout.max(0.0)),
-        enable_auto_tool_choice: args.enable_auto_tool_choice,
-        tool_call_parser: args.tool_call_parser,
-        reasoning_parser: args.reasoning_parser,
-        ..ServerConfig::default()
-    };
+    let server_config = server_config(&args, &model_dir);
     raise_open_file_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -588,114 +470,84 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--record-routing`: the counts written to their file now and then, and at the end.
-struct RoutingFile {
-    path: PathBuf,
-    recorder: Arc<std::sync::Mutex<emulate::RoutingRecorder>>,
-    stop: std::sync::mpsc::Sender<()>,
-    writer: std::thread::JoinHandle<()>,
-}
-
-/// How often `--record-routing` rewrites its file while serving.
-const ROUTING_FILE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
-
-impl RoutingFile {
-    fn start(path: PathBuf, recorder: Arc<std::sync::Mutex<emulate::RoutingRecorder>>) -> Self {
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let (p, r) = (path.clone(), Arc::clone(&recorder));
-        let writer = std::thread::spawn(move || {
-            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                stopped.recv_timeout(ROUTING_FILE_EVERY)
-            {
-                let counts = r.lock().unwrap_or_else(|e| e.into_inner()).counts().clone();
-                if let Err(e) = counts.write(&p) {
-                    tracing::warn!("--record-routing: {e}");
-                }
-            }
-        });
-        RoutingFile {
-            path,
-            recorder,
-            stop,
-            writer,
+/// `--model`, or the bundled model, checked to be a checkpoint folder.
+fn checked_model_dir(args: &ServeArgs) -> anyhow::Result<PathBuf> {
+    let model_dir = args.model.clone().unwrap_or_else(bundled_model);
+    if !model_dir.join("config.json").exists() {
+        if args.model.is_none() {
+            bail!(
+                "the bundled model is not in {} (yet); pass --model DIR with a Hugging Face \
+                 checkpoint folder, for example one made by `afd synth --family gpt-oss --preset \
+                 small --out /tmp/afd-small`",
+                model_dir.display()
+            );
         }
-    }
-
-    /// Stops the periodic writer and writes the final counts.
-    fn finish(self) -> anyhow::Result<()> {
-        let _ = self.stop.send(());
-        let _ = self.writer.join();
-        let counts = self
-            .recorder
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .counts()
-            .clone();
-        counts.write(&self.path)?;
-        let steps: u64 = counts.windows.iter().map(|w| w.steps).sum();
-        eprintln!(
-            "afd serve: wrote {} (the routing of {steps} steps)",
-            self.path.display()
+        bail!(
+            "{} has no config.json: --model must be a Hugging Face checkpoint folder",
+            model_dir.display()
         );
-        Ok(())
     }
+    Ok(model_dir)
 }
 
-/// The step model of what `afd serve` runs, on the modeled hardware: the planner's target made
-/// of the serving flags, with the attention device of `--attention-profile`, Corsair cards and
-/// JetStream.
-fn modeled_steps(
+/// The scheduler's settings, `max_model_len` checked against the smallest node's KV cache.
+fn router_config(
     args: &ServeArgs,
-    model_dir: &Path,
-    cluster: &ClusterConfig,
-    max_model_len: usize,
-) -> anyhow::Result<Arc<emulate::StepModel>> {
-    let path = model_dir.join("config.json");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let config = model::ModelConfig::from_json(&text, &path)?;
-    let stored = corsair_ffn::compiler::StoredFormats::from_config_json(&text, &config)
-        .with_context(|| format!("reading the weight formats of {}", path.display()))?;
-    let node = &args.cluster.node;
-    let target = planner::Target {
-        source: "afd serve".into(),
-        model_name: model_dir.display().to_string(),
-        attention: planner::AttentionTarget {
-            nodes: cluster.attention_nodes,
+    nodes: &[Box<dyn AttentionNode>],
+    model_config: &model::ModelConfig,
+) -> anyhow::Result<RouterConfig> {
+    let capacity = nodes
+        .iter()
+        .map(|n| {
+            let k = n.kv_capacity();
+            k.block_size * k.num_blocks
+        })
+        .min()
+        .unwrap_or(0);
+    let max_model_len = match args.max_model_len {
+        Some(m) if m > capacity => bail!(
+            "--max-model-len {m} exceeds the KV cache of an attention node ({capacity} tokens); \
+             raise --kv-cache-memory or lower --max-model-len"
+        ),
+        Some(m) => m,
+        None => model_config.max_position_embeddings.min(capacity),
+    };
+    let router_config = RouterConfig {
+        scheduler: SchedulerConfig {
             max_num_seqs: args.max_num_seqs,
+            max_num_batched_tokens: args.cluster.node.max_num_batched_tokens,
             max_model_len,
-            kv_cache_memory_mib: None,
-            max_num_batched_tokens: node.max_num_batched_tokens,
-            wire_bytes: node.wire_dtype.size(),
+            enable_chunked_prefill: true,
+            enable_prefix_caching: !args.no_enable_prefix_caching,
         },
-        cards: planner::CardsTarget {
-            count: if args.reference { 0 } else { cluster.cards },
-            format: node.format,
-            allow_spill: node.allow_spill,
-            replicas: Vec::new(),
-            replicate_experts: node.replicate_experts,
-        },
-        micro_batches: node.micro_batches,
-        workload: planner::PlannedWorkload {
-            batch: 1,
-            input_len: 1,
-            output_len: 0,
-        },
+        max_waiting: args.max_waiting,
     };
-    let profiles = planner::Profiles {
-        device: planner::load_profile(
-            &args.attention_profile,
-            "--attention-profile",
-            planner::DeviceProfile::builtin,
-            planner::DeviceProfile::from_toml,
-        )?,
-        card: corsair_ffn::HardwareProfile::default(),
-        network: planner::NetworkProfile::builtin("jetstream")
-            .context("the built-in JetStream profile is missing")??,
-    };
-    Ok(Arc::new(emulate::StepModel::new(
-        &target, config, &stored, profiles,
-    )?))
+    Ok(router_config)
+}
+
+/// The HTTP server's settings from the command line.
+fn server_config(args: &ServeArgs, model_dir: &Path) -> ServerConfig {
+    ServerConfig {
+        host: args.host.clone(),
+        port: args.port,
+        model_dir: model_dir.to_path_buf(),
+        // The bundled model is served under its short name unless told otherwise.
+        served_model_name: args.served_model_name.clone().or_else(|| {
+            args.model.is_none().then(|| {
+                BUNDLED_MODEL
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or(BUNDLED_MODEL)
+                    .to_string()
+            })
+        }),
+        api_key: args.api_key.clone().map(server::ApiKey::new),
+        shutdown_timeout: std::time::Duration::from_secs_f64(args.shutdown_timeout.max(0.0)),
+        enable_auto_tool_choice: args.enable_auto_tool_choice,
+        tool_call_parser: args.tool_call_parser,
+        reasoning_parser: args.reasoning_parser,
+        ..ServerConfig::default()
+    }
 }
 
 /// How long the engines may take to finish the step they are in once the server has drained.
