@@ -13,7 +13,7 @@ pub(crate) const ALIGN: u64 = 64;
 pub(crate) fn derive_lifetimes(program: &mut Program) {
     let mut span: Vec<Option<(u32, u32)>> = vec![None; program.regions.len()];
     for i in 0..program.instructions.len() {
-        for a in program.accesses(i) {
+        for a in program.accesses(i).accesses {
             if let Some(s) = span.get_mut(a.region as usize) {
                 let i = i as u32;
                 *s = Some(match *s {

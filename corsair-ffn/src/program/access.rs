@@ -15,15 +15,60 @@ pub struct Access {
     pub write: bool,
 }
 
+/// A reference an instruction makes to something the program does not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingRef {
+    /// A matrix id past the program's matrices.
+    Matrix(u32),
+    /// A tile id past its matrix's tiles.
+    Tile {
+        /// The matrix.
+        matrix: u32,
+        /// The tile.
+        tile: u32,
+    },
+    /// A reduce whose `matmul` is not a matmul instruction.
+    MatMul(u32),
+}
+
+impl std::fmt::Display for MissingRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MissingRef::Matrix(m) => write!(f, "matrix {m}, which does not exist"),
+            MissingRef::Tile { matrix, tile } => {
+                write!(f, "tile {tile} of matrix {matrix}, which does not exist")
+            }
+            MissingRef::MatMul(i) => write!(f, "instruction {i} as its matmul, which is not one"),
+        }
+    }
+}
+
+/// What one instruction touches: its byte ranges, and the references it makes that resolve to
+/// nothing (whose bytes therefore cannot be known).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstructionAccesses {
+    /// The reads and writes.
+    pub accesses: Vec<Access>,
+    /// The references to matrices, tiles or instructions that do not exist.
+    pub missing: Vec<MissingRef>,
+}
+
 impl Program {
     /// Bytes of `count` rows routed to an expert or tokens, at the largest shape.
     fn max_rows(&self, _rows: RowCount) -> u64 {
         self.max_tokens as u64
     }
 
-    /// The reads and writes of instruction `i`, at the largest shape. Unknown region or matrix
-    /// ids are reported as accesses to region `u32::MAX` so the sanitizer can name them.
-    pub fn accesses(&self, i: usize) -> Vec<Access> {
+    /// The reads and writes of instruction `i`, at the largest shape, and the references it
+    /// makes to matrices, tiles or instructions the program does not have (unknown region ids
+    /// are accesses like any other: the sanitizer checks them against the regions).
+    pub fn accesses(&self, i: usize) -> InstructionAccesses {
+        let mut out = InstructionAccesses::default();
+        self.walk_accesses(i, &mut out.accesses, &mut out.missing);
+        out
+    }
+
+    fn walk_accesses(&self, i: usize, out: &mut Vec<Access>, missing: &mut Vec<MissingRef>) {
         let rd = |region, start, end| Access {
             region,
             start,
@@ -39,9 +84,8 @@ impl Program {
         let h = self.hidden as u64;
         let m = self.max_tokens as u64;
         let k = self.top_k as u64;
-        let mut out = Vec::new();
         let Some(op) = self.instructions.get(i) else {
-            return out;
+            return;
         };
         let matrix = |id: u32| self.matrices.get(id as usize);
         match op {
@@ -77,11 +121,14 @@ impl Program {
                                 out.push(rd(tile.region, 0, b));
                                 out.push(wr(*staging, *off, off + b));
                             }
-                            None => out.push(rd(u32::MAX, 0, 0)),
+                            None => missing.push(MissingRef::Tile {
+                                matrix: *mi,
+                                tile: *t,
+                            }),
                         }
                     }
                 }
-                None => out.push(rd(u32::MAX, 0, 0)),
+                None => missing.push(MissingRef::Matrix(*mi)),
             },
             Op::MatMul {
                 matrix: mi,
@@ -105,11 +152,14 @@ impl Program {
                                 let p = m * tile.rows.len() as u64 * tile.segments.len() as u64 * 4;
                                 out.push(wr(*partials, run.partial_offset, run.partial_offset + p));
                             }
-                            None => out.push(rd(u32::MAX, 0, 0)),
+                            None => missing.push(MissingRef::Tile {
+                                matrix: *mi,
+                                tile: run.tile,
+                            }),
                         }
                     }
                 }
-                None => out.push(rd(u32::MAX, 0, 0)),
+                None => missing.push(MissingRef::Matrix(*mi)),
             },
             Op::Reduce {
                 matmul,
@@ -123,12 +173,12 @@ impl Program {
                     ..
                 }) = self.instructions.get(*matmul as usize)
                 else {
-                    out.push(rd(u32::MAX, 0, 0));
-                    return out;
+                    missing.push(MissingRef::MatMul(*matmul));
+                    return;
                 };
                 let Some(mx) = matrix(*mi) else {
-                    out.push(rd(u32::MAX, 0, 0));
-                    return out;
+                    missing.push(MissingRef::Matrix(*mi));
+                    return;
                 };
                 let (mut lo, mut hi) = (usize::MAX, 0);
                 for run in tiles {
@@ -195,6 +245,5 @@ impl Program {
                 out.push(wr(*dst, 0, bytes));
             }
         }
-        out
     }
 }

@@ -15,7 +15,7 @@ use crate::numerics::segments;
 use crate::profile::{HardwareProfile, SramLocation};
 
 mod access;
-pub use access::Access;
+pub use access::{Access, InstructionAccesses, MissingRef};
 
 /// Index of a region in [`Program::regions`].
 pub type RegionId = u32;

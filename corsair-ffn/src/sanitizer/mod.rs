@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::assignment::Span;
-use crate::program::{Lifetime, MemoryKind, Op, Program, RegionId};
+use crate::program::{InstructionAccesses, Lifetime, MemoryKind, Op, Program, RegionId};
 use intervals::IntervalSet;
 
 /// The kinds of problem the sanitizer reports.
@@ -242,9 +242,13 @@ impl Sanitizer<'_> {
         type Unwritten = (u32, RegionId, Vec<(u64, u64)>);
         let mut pending_reads: Vec<Unwritten> = Vec::new();
         for i in unit.start..unit.end {
-            let accesses = self.p.accesses(i);
+            let InstructionAccesses { accesses, missing } = self.p.accesses(i);
             self.report.accesses += accesses.len();
             let i32_ = i as u32;
+            for m in missing {
+                let d = format!("{:?} refers to {m}", self.p.instructions[i]);
+                self.find(FindingKind::OutOfBounds, Some(i32_), None, d);
+            }
             let mut writes: Vec<(RegionId, u64, u64)> = Vec::new();
             // Reads first (an instruction reads its inputs before writing its outputs).
             for pass_writes in [false, true] {

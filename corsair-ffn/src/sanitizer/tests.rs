@@ -227,6 +227,40 @@ fn unknown_regions_are_out_of_bounds() {
 }
 
 #[test]
+fn references_to_missing_matrices_tiles_and_matmuls_are_named() {
+    let p = valid();
+    let mm = op_index(&p, |op| matches!(op, Op::MatMul { .. }));
+    let mut q = p.clone();
+    if let Op::MatMul { matrix, .. } = &mut q.instructions[mm] {
+        *matrix = 777;
+    }
+    let mut r = p.clone();
+    if let Op::MatMul { tiles, .. } = &mut r.instructions[mm] {
+        tiles[0].tile = 555;
+    }
+    let red = op_index(&p, |op| matches!(op, Op::Reduce { .. }));
+    let mut t = p.clone();
+    if let Op::Reduce { matmul, .. } = &mut t.instructions[red] {
+        *matmul = red as u32;
+    }
+    for (program, says) in [
+        (q, "matrix 777, which does not exist"),
+        (r, "tile 555 of matrix"),
+        (t, "as its matmul, which is not one"),
+    ] {
+        let report = sanitize(&program);
+        assert!(
+            report
+                .findings
+                .iter()
+                .any(|f| f.kind == FindingKind::OutOfBounds && f.detail.contains(says)),
+            "{says}: {:?}",
+            report.findings
+        );
+    }
+}
+
+#[test]
 fn weights_never_share_memory_with_the_pool() {
     let p = valid();
     let pool = p
