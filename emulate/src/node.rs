@@ -5,10 +5,8 @@
 
 use std::collections::HashSet;
 
-use step::constraint::MASK_WAIT;
 use step::{
     AttentionNode, KvCapacity, SampledToken, SeqId, StepBatch, StepError, StepOutput, StepRouting,
-    TokenMask,
 };
 
 use crate::routing::RoutingGenerator;
@@ -37,20 +35,6 @@ impl SyntheticNode {
             known: HashSet::new(),
         }
     }
-}
-
-/// The token a constrained row answers: `token` when `mask` allows it, else the first allowed
-/// token after it (wrapping around the mask's ids), so an emulation with structured output
-/// runs its grammar as a real node would drive it; `token` itself when the mask allows none
-/// (the router then refuses it).
-pub fn allowed_from(token: u32, mask: &TokenMask) -> u32 {
-    if mask.allows(token) {
-        return token;
-    }
-    mask.iter()
-        .find(|&t| t > token)
-        .or_else(|| mask.iter().next())
-        .unwrap_or(token)
 }
 
 impl AttentionNode for SyntheticNode {
@@ -95,14 +79,11 @@ impl AttentionNode for SyntheticNode {
         let mut sampled = Vec::new();
         for e in &batch.entries {
             let Some(sample) = &e.sample else { continue };
-            let token = match &sample.allowed {
+            // Under a structured-output mask, the next allowed token from its usual one, so
+            // an emulation drives the grammar as a real node would.
+            let token = match sample.allowed_mask(e.seq)? {
                 None => self.token,
-                Some(handle) => {
-                    let mask = handle.wait(MASK_WAIT).map_err(|why| {
-                        StepError::Model(format!("the allowed tokens of sequence {}: {why}", e.seq))
-                    })?;
-                    allowed_from(self.token, &mask)
-                }
+                Some(mask) => mask.first_allowed_from(self.token),
             };
             sampled.push(SampledToken {
                 seq: e.seq,
@@ -136,7 +117,7 @@ impl AttentionNode for SyntheticNode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use step::{AllowedTokens, SampleRequest, StepEntry};
+    use step::{AllowedTokens, SampleRequest, StepEntry, TokenMask};
 
     fn entry(seq: SeqId, allowed: Option<AllowedTokens>) -> StepEntry {
         StepEntry {
@@ -188,7 +169,6 @@ mod tests {
             .map(|s| s.token)
             .collect();
         assert_eq!(tokens, vec![5, 9, 1, 5]);
-        assert_eq!(allowed_from(5, &TokenMask::none(16)), 5);
 
         let failed = AllowedTokens::pending();
         failed.fill(Err("the grammar broke".into()));

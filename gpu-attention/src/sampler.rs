@@ -2,12 +2,10 @@
 //! seeded sampling (`model::sampling`), and logprobs.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use model::sampling;
 use rayon::prelude::*;
 
-use step::constraint::MASK_WAIT;
 use step::{Penalties, SampleRequest, SampledToken, SeqId, StepEntry, StepError, TokenMask};
 
 /// The tokens of one sequence, split into prompt and output, for penalties.
@@ -115,25 +113,8 @@ pub fn top_n(logprobs: &[f32], n: usize) -> Vec<(u32, f32)> {
     idx.into_iter().map(|i| (i, logprobs[i as usize])).collect()
 }
 
-/// The mask a row samples under, waited for (up to [`MASK_WAIT`]): `None` for a row without a
-/// constraint. The router fills the handle on another thread while the step runs, so only the
-/// sampler waits, and only when it reaches the row; a mask that never came (or whose grammar
-/// failed) fails the step rather than sampling a token the grammar would refuse.
-pub fn allowed_mask(
-    seq: SeqId,
-    request: &SampleRequest,
-) -> Result<Option<Arc<TokenMask>>, StepError> {
-    match &request.allowed {
-        None => Ok(None),
-        Some(handle) => handle
-            .wait(MASK_WAIT)
-            .map(Some)
-            .map_err(|e| StepError::Model(format!("the allowed tokens of sequence {seq}: {e}"))),
-    }
-}
-
 /// Samples the token at `position` of `seq` from a full row of logits, under the row's mask
-/// when it has one (waited for with [`allowed_mask`]; its error fails the step).
+/// when it has one (waited for with [`SampleRequest::allowed_mask`]; its error fails the step).
 pub fn sample_row(
     seq: SeqId,
     logits: &[f32],
@@ -141,7 +122,7 @@ pub fn sample_row(
     history: &TokenHistory,
     position: u64,
 ) -> Result<SampledToken, StepError> {
-    let mask = allowed_mask(seq, request)?;
+    let mask = request.allowed_mask(seq)?;
     Ok(sample_masked_row(
         seq,
         logits,
@@ -255,7 +236,7 @@ pub struct RowToSample<'a> {
 pub fn sample_rows(rows: &[RowToSample<'_>]) -> Result<Vec<SampledToken>, StepError> {
     let masks = rows
         .iter()
-        .map(|r| allowed_mask(r.seq, r.request))
+        .map(|r| r.request.allowed_mask(r.seq))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(rows
         .par_iter()

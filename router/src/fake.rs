@@ -8,17 +8,15 @@
 //! what else is in the batch, and a router bug that hands one sequence's blocks to another,
 //! shares a block that holds other tokens, or forgets to re-prefill after a preemption, changes
 //! the output or fails the step. A constrained row (structured output) waits for its mask and
-//! answers the hash's token if allowed, else the next allowed one ([`FakeNode::allowed_token`]).
+//! answers the hash's token if allowed, else the next allowed one ([`step::TokenMask::first_allowed_from`]).
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use step::constraint::MASK_WAIT;
 use step::{
-    AttentionNode, KvCapacity, SampleRequest, SampledToken, SeqId, StepBatch, StepError,
-    StepOutput, TokenMask,
+    AttentionNode, KvCapacity, SampleRequest, SampledToken, SeqId, StepBatch, StepError, StepOutput,
 };
 
 /// Pauses a [`FakeNode`] between steps, so tests can hold requests in place deterministically.
@@ -147,20 +145,6 @@ impl FakeNode {
         config.vocab.start + (h % span) as u32
     }
 
-    /// The token a constrained row answers: `token` (what [`FakeNode::next_token`] gives) when
-    /// `mask` allows it, else the lowest allowed token after it, wrapping around to the lowest
-    /// allowed one; `token` itself when the mask allows none (the router must then refuse it).
-    /// Deterministic, so tests can predict constrained outputs as they predict free ones.
-    pub fn allowed_token(token: u32, mask: &TokenMask) -> u32 {
-        if mask.allows(token) {
-            return token;
-        }
-        mask.iter()
-            .find(|&t| t > token)
-            .or_else(|| mask.iter().next())
-            .unwrap_or(token)
-    }
-
     /// Steps run so far.
     pub fn steps(&self) -> u64 {
         self.steps
@@ -282,11 +266,8 @@ impl AttentionNode for FakeNode {
                 .map(|p| self.slots[self.slot(&e.block_table, p)])
                 .collect();
             let mut token = Self::next_token(&self.config, &history, e.prompt_len, sample);
-            if let Some(handle) = &sample.allowed {
-                let mask = handle.wait(MASK_WAIT).map_err(|why| {
-                    StepError::Model(format!("the allowed tokens of sequence {}: {why}", e.seq))
-                })?;
-                token = Self::allowed_token(token, &mask);
+            if let Some(mask) = sample.allowed_mask(e.seq)? {
+                token = mask.first_allowed_from(token);
             }
             let logprob = -(((token as u64 * 7919) % 97) as f32) / 10.0 - 0.05;
             let mut top_logprobs = Vec::new();
@@ -330,7 +311,7 @@ impl AttentionNode for FakeNode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use step::{AllowedTokens, StepEntry};
+    use step::{AllowedTokens, StepEntry, TokenMask};
 
     fn entry(seq: SeqId, allowed: Option<AllowedTokens>) -> StepEntry {
         StepEntry {
@@ -382,12 +363,6 @@ mod tests {
         let tokens: Vec<u32> = out.sampled.iter().map(|s| s.token).collect();
         assert_eq!(tokens, vec![free[0], free[1] - 7, free[2] + 2]);
         assert!(out.sampled.iter().all(|s| s.top_logprobs.len() == 2));
-        assert_eq!(FakeNode::allowed_token(9, &TokenMask::none(20)), 9);
-        // Below the hash's vocabulary: allowed all the same.
-        assert_eq!(
-            FakeNode::allowed_token(100, &TokenMask::from_tokens(128, [3])),
-            3
-        );
 
         let failed = AllowedTokens::pending();
         failed.fill(Err("the grammar broke".into()));

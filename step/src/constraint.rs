@@ -92,6 +92,19 @@ impl TokenMask {
         (0..self.len as u32).filter(|&t| self.allows(t))
     }
 
+    /// `token` when allowed, else the first allowed token after it, wrapping around to the
+    /// lowest allowed one; `token` itself when nothing is allowed. How the test and emulated
+    /// nodes, which have no logits to mask, turn their own choice into an allowed one.
+    pub fn first_allowed_from(&self, token: u32) -> u32 {
+        if self.allows(token) {
+            return token;
+        }
+        self.iter()
+            .find(|&t| t > token)
+            .or_else(|| self.iter().next())
+            .unwrap_or(token)
+    }
+
     /// The bits as 64-bit words (for the wire).
     pub fn words(&self) -> &[u64] {
         &self.bits
@@ -259,6 +272,20 @@ mod tests {
                 prop_assert_eq!(m.allows(t), expected.contains(&t));
             }
         }
+    }
+
+    #[test]
+    fn the_first_allowed_token_from_a_choice_wraps_around() {
+        let m = TokenMask::from_tokens(16, [3, 9]);
+        assert_eq!(m.first_allowed_from(3), 3);
+        assert_eq!(m.first_allowed_from(4), 9);
+        assert_eq!(m.first_allowed_from(10), 3, "wraps");
+        assert_eq!(m.first_allowed_from(100), 3, "past the end");
+        assert_eq!(
+            TokenMask::none(16).first_allowed_from(5),
+            5,
+            "nothing allowed"
+        );
     }
 
     #[test]

@@ -87,6 +87,20 @@ impl SampleRequest {
     pub fn wants_logprobs(&self) -> bool {
         self.logprobs || self.top_logprobs > 0
     }
+
+    /// The mask this row samples under, waited for (up to [`constraint::MASK_WAIT`]): `None`
+    /// for a row without a constraint. The router fills the handle on another thread while
+    /// the step runs, so a node waits only when it reaches the row; a mask that never came
+    /// (or whose grammar failed) fails the step rather than sampling a token the grammar would
+    /// refuse. `seq` names the sequence in the error.
+    pub fn allowed_mask(&self, seq: SeqId) -> Result<Option<std::sync::Arc<TokenMask>>, StepError> {
+        match &self.allowed {
+            None => Ok(None),
+            Some(handle) => handle.wait(constraint::MASK_WAIT).map(Some).map_err(|e| {
+                StepError::Model(format!("the allowed tokens of sequence {seq}: {e}"))
+            }),
+        }
+    }
 }
 
 /// One sequence's part of a step.

@@ -10,7 +10,7 @@ use proto::data::{self, Immediate, LM_HEAD_LAYER, Proposal, RowSampling};
 use super::DisaggregatedNode;
 use super::pipeline::MicroBatch;
 use crate::merge::{MergeOutcome, candidates_needed, merge_constrained_row, merge_row};
-use crate::sampler::{allowed_mask, sample_row};
+use crate::sampler::sample_row;
 use step::{SampleRequest, SampledToken, StepBatch, StepError, StepOutput};
 
 /// Immediate layer code of the full-logits round (distinct from the proposals round).
@@ -134,7 +134,7 @@ impl DisaggregatedNode {
                 }
                 // A constrained row's mask is waited for only now, after the forward pass and
                 // the cards' proposals: the router computed it meanwhile.
-                let outcome = match allowed_mask(seq, &row.request)? {
+                let outcome = match row.request.allowed_mask(seq)? {
                     Some(mask) => {
                         merge_constrained_row(&props, &row.request, &mask, row.position, k)
                     }

@@ -1,6 +1,5 @@
 //! Step batches, outputs and node health to and from their wire form.
 
-use crate::sampler::allowed_mask;
 use model::sampling::SamplingParams;
 use proto::control as pb;
 use step::{
@@ -33,7 +32,7 @@ pub fn batch_to_pb(batch: &StepBatch) -> Result<pb::StepRequest, StepError> {
 }
 
 fn sample_to_pb(seq: SeqId, s: &SampleRequest) -> Result<pb::SamplingParams, StepError> {
-    let mask = allowed_mask(seq, s)?;
+    let mask = s.allowed_mask(seq)?;
     Ok(pb::SamplingParams {
         temperature: s.params.temperature,
         top_p: s.params.top_p,
