@@ -23,7 +23,7 @@ use crate::protocol::{Usage, random_id, unix_now};
 use crate::sse::{ChunkWriter, json_event, stream_response};
 use crate::state::AppState;
 use crate::structured;
-use crate::tool_parsing::{ChoiceParser, ParseEvent, ParsedOutput};
+use crate::tool_parsing::{ChoiceParser, ParseEvent, ParsedOutput, ReasoningParserKind};
 use crate::tools::{prepare_tool_turns, resolve_tool_use, uses_tools};
 use crate::validation::{Validated, resolve_max_tokens, validate_common};
 
@@ -165,9 +165,16 @@ pub(crate) async fn start_chat(
                 .map(|parser| ChoiceParser::new(parser, tool_use.parallel))
         })
         .collect();
-    // GPT-OSS writes its answer in harmony's final channel, after any analysis.
+    // GPT-OSS writes its answer in harmony's final channel, after any analysis; Qwen3 after
+    // its `<think>` (unless the template closed it: thinking off).
     let framing = if !state.harmony_stop_ids.is_empty() && text.ends_with("<|start|>assistant") {
         structured::Framing::Harmony
+    } else if tool_use.parsers.reasoning == ReasoningParserKind::Qwen3
+        && !text.trim_end().ends_with("</think>")
+    {
+        structured::Framing::Think {
+            opened: text.trim_end().ends_with("<think>"),
+        }
     } else {
         structured::Framing::Whole
     };

@@ -73,6 +73,31 @@ async fn gpt_oss_chat_answers_json_in_the_final_channel_after_its_reasoning() {
 }
 
 #[tokio::test]
+async fn qwen3_thinks_first_then_answers_json() {
+    let s = scripted(
+        Family::Qwen3Moe,
+        "<think>\nThe user wants JSON.\n</think>\n\nSure: it is sunny.",
+        false,
+    )
+    .await;
+    let (status, body) = s
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 200,
+                   "response_format": response_format()}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let message = &body["choices"][0]["message"];
+    assert_eq!(
+        message["reasoning_content"].as_str().map(str::trim),
+        Some("The user wants JSON."),
+        "{body}"
+    );
+    assert_weather(message["content"].as_str().unwrap().trim());
+}
+
+#[tokio::test]
 async fn a_streamed_json_object_adds_up_to_json() {
     let s = scripted(Family::Qwen3Moe, "Sure! Here you go: nothing.", false).await;
     let events = s

@@ -227,6 +227,12 @@ pub enum Framing {
     Whole,
     /// GPT-OSS harmony after `<|start|>assistant`: optional analysis, then the final message.
     Harmony,
+    /// Qwen3's `<think>...</think>` before the answer: optional, or already opened by the
+    /// prompt (`opened`), closed by `</think>` before the constrained text.
+    Think {
+        /// The prompt ends inside `<think>`.
+        opened: bool,
+    },
 }
 
 /// The vocabulary's grammar compiler, built on the first request that needs it (building
@@ -396,6 +402,15 @@ fn grammar(format: &OutputFormat, framing: Framing) -> TopLevelGrammar {
             TopLevelGrammar::from_lark(lark.clone())
         }
         (Framing::Whole, _) => TopLevelGrammar::from_lark(format!("start: {}\n", body(format))),
+        (Framing::Think { opened }, _) => TopLevelGrammar::from_lark(format!(
+            "start: {} NL* body\n\
+             think: \"<think>\" thought\n\
+             thought[suffix=\"</think>\"]: /(.|\\n)*/\n\
+             NL: \"\\n\"\n\
+             body: {}\n",
+            if opened { "thought" } else { "think?" },
+            body(format)
+        )),
         (Framing::Harmony, _) => TopLevelGrammar::from_lark(format!(
             "start: analysis? <|channel|> \"final\" <|message|> body <|return|>\n\
              body: {}\n{HARMONY_ANALYSIS}",
