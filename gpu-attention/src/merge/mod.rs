@@ -218,13 +218,20 @@ pub fn merge_row(
             None => return MergeOutcome::NeedFullLogits,
         }
     } else {
-        let mut winner = (f64::NEG_INFINITY, u32::MAX, 0f32);
-        for p in proposals {
-            if p.winner_score > winner.0 || (p.winner_score == winner.0 && p.winner < winner.1) {
-                winner = (p.winner_score, p.winner, p.winner_logit);
-            }
+        // The highest Gumbel score (lowest id on ties). A card whose score is NaN drew
+        // nothing; if none drew, the row gathers rather than answer a made-up token.
+        let winner = proposals
+            .iter()
+            .filter(|p| !p.winner_score.is_nan())
+            .max_by(|a, b| {
+                a.winner_score
+                    .total_cmp(&b.winner_score)
+                    .then(b.winner.cmp(&a.winner))
+            });
+        match winner {
+            Some(p) => (p.winner, p.winner_logit),
+            None => return MergeOutcome::NeedFullLogits,
         }
-        (winner.1, winner.2)
     };
     MergeOutcome::Done(merged_token(proposals, request, &merged, token, logit))
 }

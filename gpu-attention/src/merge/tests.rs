@@ -509,3 +509,28 @@ fn decisions_within_rounding_of_their_threshold_gather() {
         assert_same_as_full_logits(&m, &logits, &r, 0);
     }
 }
+
+/// A card whose Gumbel score is NaN drew nothing: another card's winner is the draw, and with
+/// no card drawing the row gathers instead of answering a made-up token.
+#[test]
+fn a_sampled_row_without_any_draw_gathers() {
+    let logits = [1.0f32, 0.5, 2.0, -1.0, 0.25, 1.5];
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_p: 1.0,
+        top_k: 0,
+        min_p: 0.0,
+        seed: 3,
+    };
+    let r = request(params, false, 0);
+    let mut p = proposals(&logits, 2, 1, &r, 4);
+    p[0].winner_score = f64::NAN;
+    let MergeOutcome::Done(m) = merge_row(&p, &r, 4, 1) else {
+        panic!("one card drew: decided");
+    };
+    assert_eq!(m.token, p[1].winner);
+    for q in &mut p {
+        q.winner_score = f64::NAN;
+    }
+    assert_eq!(merge_row(&p, &r, 4, 1), MergeOutcome::NeedFullLogits);
+}
