@@ -122,6 +122,18 @@ async fn a_streamed_json_object_adds_up_to_json() {
 #[tokio::test]
 async fn completions_follow_regexes_choices_and_grammars() {
     let s = scripted(Family::Mixtral, "Well, let me think about that.", false).await;
+    // Older vLLM's guided_* parameters are the same formats.
+    let (status, body) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": "Answer:", "max_tokens": 60, "guided_choice": ["yes", "no"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        ["yes", "no"].contains(&body["choices"][0]["text"].as_str().unwrap()),
+        "{body}"
+    );
     let cases = [
         (json!({"regex": "[a-c]{2}-[0-9]{3}"}), "regex"),
         (json!({"choice": ["red", "green", "blue"]}), "choice"),

@@ -86,6 +86,14 @@ pub struct CommonParams {
     pub response_format: Option<serde_json::Value>,
     /// vLLM's structured outputs: one of `json`, `regex`, `choice`, `grammar`.
     pub structured_outputs: Option<serde_json::Value>,
+    /// Older vLLM's name for `structured_outputs.json`.
+    pub guided_json: Option<serde_json::Value>,
+    /// Older vLLM's name for `structured_outputs.regex`.
+    pub guided_regex: Option<serde_json::Value>,
+    /// Older vLLM's name for `structured_outputs.choice`.
+    pub guided_choice: Option<serde_json::Value>,
+    /// Older vLLM's name for `structured_outputs.grammar`.
+    pub guided_grammar: Option<serde_json::Value>,
 }
 
 /// Token counts of a response.

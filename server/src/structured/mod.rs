@@ -190,10 +190,8 @@ pub async fn compile_requested(
     framing: Framing,
     tool_calls: Option<OutputFormat>,
 ) -> Result<Option<Arc<CompiledFormat>>, ApiError> {
-    let requested = output_format(
-        common.response_format.as_ref(),
-        common.structured_outputs.as_ref(),
-    )?;
+    let structured = structured_outputs(common)?;
+    let requested = output_format(common.response_format.as_ref(), structured.as_ref())?;
     let format = match (requested, tool_calls) {
         (None, None) => return Ok(None),
         (Some(_), Some(_)) => {
@@ -218,6 +216,32 @@ pub async fn compile_requested(
             .await
             .map_err(|e| ApiError::Internal(format!("grammar task failed: {e}")))??;
     Ok(Some(Arc::new(compiled)))
+}
+
+/// `structured_outputs`, or the same built from older vLLM's `guided_json`, `guided_regex`,
+/// `guided_choice` and `guided_grammar` (not both ways at once).
+fn structured_outputs(common: &CommonParams) -> Result<Option<Value>, ApiError> {
+    let guided: serde_json::Map<String, Value> = [
+        ("json", &common.guided_json),
+        ("regex", &common.guided_regex),
+        ("choice", &common.guided_choice),
+        ("grammar", &common.guided_grammar),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| {
+        v.clone()
+            .filter(|v| !v.is_null())
+            .map(|v| (k.to_string(), v))
+    })
+    .collect();
+    match (&common.structured_outputs, guided.is_empty()) {
+        (_, true) => Ok(common.structured_outputs.clone()),
+        (Some(s), false) if !s.is_null() => Err(ApiError::bad_param(
+            "structured_outputs",
+            "give structured_outputs or the older guided_* parameters, not both.",
+        )),
+        _ => Ok(Some(Value::Object(guided))),
+    }
 }
 
 /// Where the constrained text sits in the output.
