@@ -34,13 +34,7 @@ pub async fn chat_completions(
 ) -> Response {
     // The router's clock: wall time, or the modeled clock of `--clock modeled`.
     let arrival = state.router.clock().now();
-    match handle(&state, &body, arrival).await {
-        Ok(r) => r,
-        Err(e) => {
-            state.metrics.error(e.error_type());
-            e.into_response()
-        }
-    }
+    state.answer(handle(&state, &body, arrival).await)
 }
 
 /// Renders a conversation to prompt text with the checkpoint's template (or harmony).

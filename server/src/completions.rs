@@ -32,13 +32,7 @@ struct Prompt {
 pub async fn completions(State(state): State<Arc<AppState>>, JsonBody(body): JsonBody) -> Response {
     // The router's clock: wall time, or the modeled clock of `--clock modeled`.
     let arrival = state.router.clock().now();
-    match handle(&state, &body, arrival).await {
-        Ok(r) => r,
-        Err(e) => {
-            state.metrics.error(e.error_type());
-            e.into_response()
-        }
-    }
+    state.answer(handle(&state, &body, arrival).await)
 }
 
 /// Parses a JSON body into `T`, as a 400 naming the problem.

@@ -8,6 +8,8 @@ use model::{Family, ModelConfig, ModelTokenizer};
 use router::{AfdStatsSource, Router};
 
 use crate::chat_template::{ChatFormat, ChatTemplate};
+use axum::response::{IntoResponse, Response};
+
 use crate::error::{ApiError, Error};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
@@ -164,6 +166,15 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
+    /// A handler's answer: its response, or its error counted in the failure metric and
+    /// answered in the error envelope.
+    pub fn answer(&self, result: Result<Response, ApiError>) -> Response {
+        result.unwrap_or_else(|e| {
+            self.metrics.error(e.error_type());
+            e.into_response()
+        })
+    }
+
     /// Loads the tokenizer and template of `config.model_dir` around a running `router`.
     pub fn new(
         config: ServerConfig,
@@ -243,7 +254,7 @@ impl AppState {
             .chain(&harmony_stop_ids)
             .copied()
             .collect();
-        let output_grammars = OutputGrammars::new(&tokenizer, vocab_size, &output_stops);
+        let output_grammars = OutputGrammars::new(vocab_size, &output_stops);
         Ok(AppState {
             output_grammars,
             limits: Limits {

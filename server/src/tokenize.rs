@@ -38,13 +38,7 @@ struct DetokenizeRequest {
 }
 
 fn respond(state: &AppState, r: Result<Value, ApiError>) -> Response {
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => {
-            state.metrics.error(e.error_type());
-            e.into_response()
-        }
-    }
+    state.answer(r.map(|v| Json(v).into_response()))
 }
 
 /// `POST /tokenize`: `{count, max_model_len, tokens, token_strs}`.

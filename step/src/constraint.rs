@@ -200,15 +200,6 @@ impl AllowedTokens {
             )),
         }
     }
-
-    /// Whether the mask (or its error) is there.
-    pub fn is_filled(&self) -> bool {
-        self.0
-            .mask
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
-    }
 }
 
 impl PartialEq for AllowedTokens {
@@ -311,7 +302,6 @@ mod tests {
         handle.fill(Err("late".into()));
         assert!(handle.wait(Duration::ZERO).is_ok());
         let never = AllowedTokens::pending();
-        assert!(!never.is_filled());
         let err = never.wait(Duration::from_millis(1)).unwrap_err();
         assert!(err.contains("not computed"), "{err}");
     }

@@ -155,7 +155,7 @@ fn merged_token(
 }
 
 /// Merges one constrained row's proposals (one per card, any order) for `request`, whose
-/// tokens `mask` allows, at `position` ([`merge_row`] is for rows without a mask).
+/// tokens `mask` allows ([`merge_row`] is for rows without a mask).
 ///
 /// Only greedy rows are decided here: the answer is the best allowed candidate over every card
 /// (lowest id on ties), provided no token a card left out could beat it, that is, every card
@@ -163,13 +163,11 @@ fn merged_token(
 /// A sampled row would need every allowed token's Gumbel score or the mass of the allowed set,
 /// which the proposals do not carry, so it gathers, as do rows with no allowed candidate, or
 /// that [`mergeable`] refuses. The logprob and top logprobs are the unconstrained ones, as
-/// [`merge_row`] gives them. (`position` seeds only a draw, which this merge never makes; it
-/// is taken so that the call reads as [`merge_row`]'s.)
+/// [`merge_row`] gives them. No draw is made, so no position is needed.
 pub fn merge_constrained_row(
     proposals: &[Proposal],
     request: &SampleRequest,
     mask: &TokenMask,
-    _position: u64,
     candidates: usize,
 ) -> MergeOutcome {
     if !mergeable(request, candidates) || proposals.is_empty() || !request.params.is_greedy() {

@@ -135,9 +135,7 @@ impl DisaggregatedNode {
                 // A constrained row's mask is waited for only now, after the forward pass and
                 // the cards' proposals: the router computed it meanwhile.
                 let outcome = match row.request.allowed_mask(seq)? {
-                    Some(mask) => {
-                        merge_constrained_row(&props, &row.request, &mask, row.position, k)
-                    }
+                    Some(mask) => merge_constrained_row(&props, &row.request, &mask, k),
                     None => merge_row(&props, &row.request, row.position, k),
                 };
                 match outcome {

@@ -34,13 +34,7 @@ use output::ResponseBuilder;
 /// The handler.
 pub async fn responses(State(state): State<Arc<AppState>>, JsonBody(body): JsonBody) -> Response {
     let arrival = state.router.clock().now();
-    match handle(&state, &body, arrival).await {
-        Ok(r) => r,
-        Err(e) => {
-            state.metrics.error(e.error_type());
-            e.into_response()
-        }
-    }
+    state.answer(handle(&state, &body, arrival).await)
 }
 
 /// `GET /v1/responses/{id}`: nothing is stored to fetch.

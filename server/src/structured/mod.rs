@@ -211,10 +211,13 @@ pub async fn compile_requested(
         ));
     }
     let state = Arc::clone(state);
-    let compiled =
-        tokio::task::spawn_blocking(move || state.output_grammars.compile(&format, framing))
-            .await
-            .map_err(|e| ApiError::Internal(format!("grammar task failed: {e}")))??;
+    let compiled = tokio::task::spawn_blocking(move || {
+        state
+            .output_grammars
+            .compile(&state.tokenizer, &format, framing)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("grammar task failed: {e}")))??;
     Ok(Some(Arc::new(compiled)))
 }
 
@@ -262,7 +265,6 @@ pub enum Framing {
 /// The vocabulary's grammar compiler, built on the first request that needs it (building
 /// the token trie of a 200k vocabulary takes a moment no other request should wait for).
 pub struct OutputGrammars {
-    tokenizer: ModelTokenizer,
     vocab: usize,
     stop_ids: Vec<u32>,
     factory: OnceLock<Result<Arc<ParserFactory>, String>>,
@@ -277,21 +279,20 @@ impl std::fmt::Debug for OutputGrammars {
 }
 
 impl OutputGrammars {
-    /// The compiler for `tokenizer`'s vocabulary padded to `vocab` ids, whose outputs end on
-    /// any of `stop_ids` (the model's end-of-sequence tokens).
-    pub fn new(tokenizer: &ModelTokenizer, vocab: usize, stop_ids: &[u32]) -> Self {
+    /// The compiler for a vocabulary of `vocab` ids (the model's, which may pad the
+    /// tokenizer's), whose outputs end on any of `stop_ids` (the end-of-sequence tokens).
+    pub fn new(vocab: usize, stop_ids: &[u32]) -> Self {
         OutputGrammars {
-            tokenizer: tokenizer.clone(),
             vocab,
             stop_ids: stop_ids.to_vec(),
             factory: OnceLock::new(),
         }
     }
 
-    fn factory(&self) -> Result<Arc<ParserFactory>, ApiError> {
+    fn factory(&self, tokenizer: &ModelTokenizer) -> Result<Arc<ParserFactory>, ApiError> {
         self.factory
             .get_or_init(|| {
-                let env = VocabularyEnv::new(&self.tokenizer, self.vocab, &self.stop_ids);
+                let env = VocabularyEnv::new(tokenizer, self.vocab, &self.stop_ids);
                 let env: llguidance::toktrie::TokEnv = Arc::new(env);
                 let mut factory = ParserFactory::new_simple(&env)
                     .map_err(|e| format!("the vocabulary's grammar compiler failed: {e}"))?;
@@ -302,17 +303,19 @@ impl OutputGrammars {
             .map_err(ApiError::Internal)
     }
 
-    /// Compiles `format` framed as `framing` (checked once here, so that a bad schema or
-    /// regex is a 400 before anything is queued). Blocking: call it off the async runtime.
+    /// Compiles `format` framed as `framing` over `tokenizer`'s vocabulary (always the same
+    /// tokenizer: the first call builds the vocabulary's tables from it). Checked once here, so
+    /// that a bad schema or regex is a 400 before anything is queued. Blocking: call it off
+    /// the async runtime.
     pub fn compile(
         &self,
+        tokenizer: &ModelTokenizer,
         format: &OutputFormat,
         framing: Framing,
     ) -> Result<CompiledFormat, ApiError> {
-        let factory = self.factory()?;
-        let grammar = grammar(format, framing);
+        let factory = self.factory(tokenizer)?;
         let parser = factory
-            .create_parser(grammar.clone())
+            .create_parser(grammar(format, framing))
             .map_err(|e| compile_error(format, &e.to_string()))?;
         let prototype = Matcher::new(Ok(parser));
         if let Some(e) = prototype.get_error() {

@@ -55,8 +55,8 @@ fn compile(
 ) -> (ModelTokenizer, Vec<u32>, CompiledFormat) {
     let t = tokenizer(fixture);
     let stops = t.eos_token_ids.clone();
-    let grammars = OutputGrammars::new(&t, t.vocab_size() + 5, &stops);
-    let compiled = grammars.compile(format, framing).unwrap();
+    let grammars = OutputGrammars::new(t.vocab_size() + 5, &stops);
+    let compiled = grammars.compile(&t, format, framing).unwrap();
     (t, stops, compiled)
 }
 
@@ -140,9 +140,9 @@ fn harmony_framing_puts_the_constrained_text_in_the_final_channel() {
     let t = tokenizer("gpt-oss-bf16");
     let ret = t.token_to_id("<|return|>").unwrap();
     let stops = vec![ret];
-    let grammars = OutputGrammars::new(&t, t.vocab_size(), &stops);
+    let grammars = OutputGrammars::new(t.vocab_size(), &stops);
     let compiled = grammars
-        .compile(&OutputFormat::JsonSchema(schema()), Framing::Harmony)
+        .compile(&t, &OutputFormat::JsonSchema(schema()), Framing::Harmony)
         .unwrap();
     let mut saw_analysis = false;
     for seed in 0..8 {
@@ -166,9 +166,9 @@ fn harmony_framing_puts_the_constrained_text_in_the_final_channel() {
 #[test]
 fn bad_formats_are_400s_that_name_the_parameter() {
     let t = tokenizer("qwen3-moe");
-    let grammars = OutputGrammars::new(&t, t.vocab_size(), &t.eos_token_ids);
+    let grammars = OutputGrammars::new(t.vocab_size(), &t.eos_token_ids);
     let err = grammars
-        .compile(&OutputFormat::Regex("(unclosed".into()), Framing::Whole)
+        .compile(&t, &OutputFormat::Regex("(unclosed".into()), Framing::Whole)
         .unwrap_err();
     assert!(
         matches!(&err, ApiError::BadRequest { param: Some(p), .. } if p == "structured_outputs.regex"),
@@ -176,6 +176,7 @@ fn bad_formats_are_400s_that_name_the_parameter() {
     );
     let err = grammars
         .compile(
+            &t,
             &OutputFormat::JsonSchema(
                 json!({"type": "object", "unevaluatedProperties": {"type": "string"}}),
             ),

@@ -78,7 +78,7 @@ proptest! {
         };
         let proposals = proposals_with(&logits, cards, k_card, &request, position);
         let expected = masked_argmax(&logits, &mask);
-        match merge_constrained_row(&proposals, &request, &mask, position, k) {
+        match merge_constrained_row(&proposals, &request, &mask, k) {
             MergeOutcome::Done(m) => {
                 prop_assert_eq!(m.token, expected);
                 assert_same_as_full_logits(&m, &logits, &request, position);
@@ -114,7 +114,7 @@ proptest! {
         prop_assert_eq!(candidates_needed(&request, 16), top_logprobs.max(1));
         let p = proposals(&logits, cards, 16, &request, 3);
         prop_assert_eq!(
-            merge_constrained_row(&p, &request, &mask, 3, 16),
+            merge_constrained_row(&p, &request, &mask, 16),
             MergeOutcome::NeedFullLogits
         );
         // Nor does the unconstrained merge decide a row with a mask.
@@ -129,7 +129,7 @@ fn a_constrained_greedy_row_decides_from_the_candidates_or_gathers() {
     let logits = [9.0f32, 8.0, 7.5, 1.0, 7.0, 6.0, 6.5, 0.0];
     let p = |mask: &TokenMask| {
         let r = constrained(SamplingParams::greedy(), mask, true, 1);
-        let outcome = merge_constrained_row(&proposals(&logits, 2, 3, &r, 0), &r, mask, 0, 3);
+        let outcome = merge_constrained_row(&proposals(&logits, 2, 3, &r, 0), &r, mask, 3);
         (outcome, r)
     };
     // Token 1 beats both last candidates (7.5 and 6.0).
@@ -154,7 +154,7 @@ fn a_constrained_greedy_row_decides_from_the_candidates_or_gathers() {
     let mask = TokenMask::from_tokens(8, [3, 7]);
     let r = constrained(SamplingParams::greedy(), &mask, true, 1);
     let MergeOutcome::Done(m) =
-        merge_constrained_row(&proposals(&logits, 2, 4, &r, 0), &r, &mask, 0, 4)
+        merge_constrained_row(&proposals(&logits, 2, 4, &r, 0), &r, &mask, 4)
     else {
         panic!("gathered complete lists");
     };
@@ -172,7 +172,7 @@ fn a_constrained_greedy_row_decides_from_the_candidates_or_gathers() {
     assert_eq!(candidates_needed(&pen, 64), 1);
     let props = proposals(&logits, 2, 2, &pen, 0);
     assert_eq!(
-        merge_constrained_row(&props, &pen, &mask, 0, 2),
+        merge_constrained_row(&props, &pen, &mask, 2),
         MergeOutcome::NeedFullLogits
     );
     // A greedy constrained row asks for every candidate the node allows.
