@@ -15,6 +15,9 @@
 //!   [`model::sampling::sample`]'s token for unfiltered rows, since every token's score depends
 //!   only on (seed, position, token id) and its logit.
 //!
+//! - for a scored row (prompt logprobs), the logit of the row's target token when the shard
+//!   holds it: with the cards' log-sum-exps, its logprob, exactly, without the full logits.
+//!
 //! The card needs only the row's temperature and seed ([`RowSampling::params`]); filters are
 //! the node's to apply.
 
@@ -33,6 +36,9 @@ pub struct RowSampling {
     /// Whether the node samples the row with top-k, top-p or min-p (the proposal's
     /// `scaled_log_sum_exp`).
     pub filtered: bool,
+    /// A token whose logit the proposal returns when the shard holds it (the prompt token a
+    /// scored row asks the logprob of; [`LmProposal::target_logit`]).
+    pub target: Option<u32>,
 }
 
 /// A candidate token.
@@ -69,6 +75,8 @@ pub struct LmProposal {
     pub scaled_log_sum_exp: Option<f64>,
     /// Gumbel-max winner over the shard (sampled rows).
     pub gumbel: Option<GumbelWinner>,
+    /// The logit of the row's [`RowSampling::target`] when this shard holds it.
+    pub target_logit: Option<f32>,
 }
 
 /// How many candidates to return.
@@ -147,6 +155,10 @@ pub fn propose(
         log_sum_exp: row.logprobs.then(|| log_sum_exp(logits)),
         scaled_log_sum_exp,
         gumbel,
+        target_logit: row
+            .target
+            .and_then(|t| t.checked_sub(first_id))
+            .and_then(|i| logits.get(i as usize).copied()),
     }
 }
 
@@ -173,6 +185,7 @@ mod tests {
                 position: 17 + seed,
                 logprobs: false,
                 filtered: false,
+                target: None,
             };
             let want = sample(&all, &row.params, row.position);
             for cards in [1usize, 3, 8] {
@@ -255,6 +268,7 @@ mod tests {
             logprobs: false,
             // The filters are the node's to apply; the card only hears that there are some.
             filtered: true,
+            target: None,
         };
         let p = propose(&all, 0, &row, &CandidateOptions { candidates: 10 });
         assert_eq!(p.candidates.len(), 10);
@@ -278,5 +292,54 @@ mod tests {
         let q = propose(&all, 0, &plain, &CandidateOptions { candidates: 10 });
         assert!(q.scaled_log_sum_exp.is_none());
         assert_eq!(q.gumbel, p.gumbel);
+    }
+
+    /// A scored row's target logit comes from exactly the card whose shard holds it, the same
+    /// bits as the full row's; with the cards' log-sum-exps it gives the token's logprob.
+    #[test]
+    fn the_target_logit_comes_from_the_shard_holding_it() {
+        let all = logits(700, 4);
+        for target in [0u32, 1, 233, 234, 699] {
+            let row = RowSampling {
+                logprobs: true,
+                target: Some(target),
+                ..Default::default()
+            };
+            let mut found = Vec::new();
+            let mut lses = Vec::new();
+            for c in 0..3 {
+                let span = crate::assignment::split_even(all.len(), 3, c);
+                let p = propose(
+                    &all[span.start..span.end],
+                    span.start as u32,
+                    &row,
+                    &CandidateOptions { candidates: 2 },
+                );
+                lses.push(p.log_sum_exp.unwrap() as f32);
+                if let Some(l) = p.target_logit {
+                    found.push((c, l));
+                }
+            }
+            assert_eq!(found.len(), 1, "target {target}: one card holds it");
+            assert_eq!(found[0].1.to_bits(), all[target as usize].to_bits());
+            let logprob = all[target as usize] as f64 - log_sum_exp(&lses);
+            let want = model::sampling::log_softmax(&all)[target as usize] as f64;
+            assert!((logprob - want).abs() < 1e-5, "target {target}");
+        }
+        let beyond = RowSampling {
+            target: Some(700),
+            ..Default::default()
+        };
+        assert_eq!(
+            propose(&all, 0, &beyond, &CandidateOptions::default()).target_logit,
+            None
+        );
+        let unscored = propose(
+            &all,
+            0,
+            &RowSampling::default(),
+            &CandidateOptions::default(),
+        );
+        assert_eq!(unscored.target_logit, None, "a sampled row has no target");
     }
 }

@@ -251,6 +251,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
                     position: t as u64,
                     logprobs: t % 2 == 0,
                     filtered: t % 3 == 0,
+                    target: None,
                 })
                 .collect();
             let got = card.lm_head(&x, &rows).unwrap();

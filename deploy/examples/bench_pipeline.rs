@@ -48,6 +48,7 @@ fn tpot<N: AttentionNode>(
         block_table: ((i * blocks) as u32..((i + 1) * blocks) as u32).collect(),
         sample: Some(request.clone()),
         cached_prefix: Vec::new(),
+        prompt_logprobs: None,
     };
     let prompts: Vec<StepEntry> = (0..batch)
         .map(|i| {

@@ -139,6 +139,7 @@ mod tests {
             block_table: vec![seq as u32],
             sample: None,
             cached_prefix: Vec::new(),
+            prompt_logprobs: None,
         };
         node.step(&StepBatch {
             entries: vec![entry(1), entry(2)],

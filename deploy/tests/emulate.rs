@@ -171,6 +171,7 @@ fn the_plan_is_the_step_model_on_a_uniform_batch_for_every_shipped_file() {
                         allowed: None,
                     }),
                     cached_prefix: Vec::new(),
+                    prompt_logprobs: None,
                 })
                 .collect(),
         };

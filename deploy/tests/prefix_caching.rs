@@ -66,6 +66,7 @@ async fn run(router: &Router, prompts: &[(Vec<u32>, usize)]) -> Vec<Vec<u32>> {
                         },
                         stop_token_ids: Vec::new(),
                         constraint: None,
+                        prompt_logprobs: None,
                     },
                     arrival: Instant::now(),
                 })

@@ -123,6 +123,7 @@ impl Emulation {
                         },
                         stop_token_ids: stop_token_ids.clone(),
                         constraint: None,
+                        prompt_logprobs: None,
                     },
                     arrival,
                 }

@@ -92,7 +92,10 @@ impl AttentionNode for SyntheticNode {
                 top_logprobs: Vec::new(),
             });
         }
-        Ok(StepOutput { sampled })
+        Ok(StepOutput {
+            sampled,
+            prompt_logprobs: Vec::new(),
+        })
     }
 
     fn free(&mut self, seqs: &[SeqId]) -> Result<(), StepError> {
@@ -134,6 +137,7 @@ mod tests {
                 allowed,
             }),
             cached_prefix: Vec::new(),
+            prompt_logprobs: None,
         }
     }
 

@@ -331,6 +331,7 @@ mod tests {
                 block_table: vec![0],
                 sample: None,
                 cached_prefix: Vec::new(),
+                prompt_logprobs: None,
             }],
         };
         node.step(&batch).unwrap();

@@ -103,6 +103,7 @@ pub fn generate_in_chunks(
                         allowed: None,
                     }),
                     cached_prefix: Vec::new(),
+                    prompt_logprobs: None,
                 });
                 if budget == 0 {
                     break;

@@ -9,9 +9,13 @@ use std::collections::HashMap;
 
 use model::forward::{LogitsFor, ReferenceModel, SeqChunk};
 
+use crate::merge::score_full_row;
 use crate::prefix::FilledBlocks;
 use crate::sampler::{RowToSample, TokenHistory, record_tokens, sample_rows};
-use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+use step::{
+    AttentionNode, KvCapacity, PromptLogprobs, PromptScoring, SeqId, StepBatch, StepError,
+    StepOutput,
+};
 
 /// The reference model as an attention node.
 #[derive(Debug)]
@@ -99,6 +103,9 @@ pub(crate) fn validate_batch(
                 e.seq, capacity.num_blocks
             )));
         }
+        if let Some(p) = &e.prompt_logprobs {
+            p.check(e.seq, e.tokens.len())?;
+        }
         if let Some(s) = &e.sample
             && s.top_logprobs > 20
         {
@@ -109,6 +116,36 @@ pub(crate) fn validate_batch(
         }
     }
     Ok(())
+}
+
+/// The prompt logprobs of one entry from its rows of logits (`[tokens, vocab]`): row `i`
+/// scores `scoring.next[i]`.
+pub(crate) fn score_prompt(
+    seq: SeqId,
+    rows: &[f32],
+    vocab: usize,
+    scoring: &PromptScoring,
+) -> Result<PromptLogprobs, StepError> {
+    let tokens = scoring
+        .next
+        .iter()
+        .zip(rows.chunks_exact(vocab.max(1)))
+        .map(|(&target, row)| {
+            score_full_row(row, target, scoring.top_logprobs).ok_or_else(|| {
+                StepError::Invalid(format!(
+                    "sequence {seq}: prompt token {target} is outside the vocabulary of {vocab}"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if tokens.len() != scoring.next.len() {
+        return Err(StepError::Model(format!(
+            "sequence {seq}: {} rows of logits to score {} prompt tokens",
+            rows.len() / vocab.max(1),
+            scoring.next.len()
+        )));
+    }
+    Ok(PromptLogprobs { seq, tokens })
 }
 
 impl AttentionNode for MonolithicNode {
@@ -126,12 +163,31 @@ impl AttentionNode for MonolithicNode {
                 tokens: e.tokens.clone(),
             })
             .collect();
-        let logits = self
+        // Every position's logits only when some entry scores its prompt tokens.
+        let scoring = batch.entries.iter().any(|e| e.prompt_logprobs.is_some());
+        let which = if scoring {
+            LogitsFor::AllTokens
+        } else {
+            LogitsFor::LastToken
+        };
+        let mut logits = self
             .model
-            .forward(&chunks, LogitsFor::LastToken)
+            .forward(&chunks, which)
             .map_err(StepError::compute)?;
         for e in &batch.entries {
             record_tokens(&mut self.histories, e);
+        }
+        let vocab = self.model.config().vocab_size;
+        let mut prompt_logprobs = Vec::new();
+        if scoring {
+            for (e, rows) in batch.entries.iter().zip(&mut logits) {
+                if let Some(p) = &e.prompt_logprobs {
+                    prompt_logprobs.push(score_prompt(e.seq, rows, vocab, p)?);
+                }
+                // Keep the last row, the one a sample reads.
+                let last = rows.len().saturating_sub(vocab);
+                rows.drain(..last);
+            }
         }
         let rows: Vec<RowToSample<'_>> = batch
             .entries
@@ -149,6 +205,7 @@ impl AttentionNode for MonolithicNode {
             .collect();
         Ok(StepOutput {
             sampled: sample_rows(&rows)?,
+            prompt_logprobs,
         })
     }
 
@@ -221,6 +278,7 @@ mod tests {
             block_table: vec![0, 1, 2, 3],
             sample: sample.then(|| request.clone()),
             cached_prefix: Vec::new(),
+            prompt_logprobs: None,
         };
         let none = node
             .step(&StepBatch {
@@ -289,6 +347,7 @@ mod tests {
             block_table: vec![2 * i as u32, 2 * i as u32 + 1],
             sample: sample.then_some(request(*seq)),
             cached_prefix: Vec::new(),
+            prompt_logprobs: None,
         };
         let mut together =
             MonolithicNode::new(ReferenceModel::new(weights.clone()).unwrap(), capacity);
@@ -344,6 +403,7 @@ mod tests {
                 allowed,
             }),
             cached_prefix: Vec::new(),
+            prompt_logprobs: None,
         };
         let step = |allowed| {
             let mut node =
@@ -395,6 +455,7 @@ mod tests {
             block_table: vec![0, 1],
             sample: None,
             cached_prefix: Vec::new(),
+            prompt_logprobs: None,
         };
         let err = node
             .step(&StepBatch {

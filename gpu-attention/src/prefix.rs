@@ -78,6 +78,7 @@ mod tests {
             block_table: table,
             sample: None,
             cached_prefix: vec![5; cached],
+            prompt_logprobs: None,
         }
     }
 

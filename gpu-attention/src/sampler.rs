@@ -337,6 +337,7 @@ mod tests {
                             logit: logits[best],
                             token: best as u32,
                         }],
+                        target_logit: None,
                     }
                 })
                 .collect();

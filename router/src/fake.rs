@@ -9,6 +9,7 @@
 //! shares a block that holds other tokens, or forgets to re-prefill after a preemption, changes
 //! the output or fails the step. A constrained row (structured output) waits for its mask and
 //! answers the hash's token if allowed, else the next allowed one ([`step::TokenMask::first_allowed_from`]).
+//! Prompt tokens are scored by a hash of the tokens before them ([`FakeNode::prompt_score`]).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -16,7 +17,8 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use step::{
-    AttentionNode, KvCapacity, SampleRequest, SampledToken, SeqId, StepBatch, StepError, StepOutput,
+    AttentionNode, KvCapacity, PromptLogprobs, SampleRequest, SampledToken, ScoredToken, SeqId,
+    StepBatch, StepError, StepOutput,
 };
 
 /// Pauses a [`FakeNode`] between steps, so tests can hold requests in place deterministically.
@@ -145,6 +147,21 @@ impl FakeNode {
         config.vocab.start + (h % span) as u32
     }
 
+    /// The score of prompt token `target` after `before` (read back through the block table, so
+    /// a router that scores the wrong position or skips tokens changes it): a logprob hashed
+    /// from both, and `top_logprobs` alternatives led by the target itself.
+    pub fn prompt_score(before: &[u32], target: u32, top_logprobs: usize) -> ScoredToken {
+        let h = before.iter().fold(0x8422_2325u64, |h, &t| mix(h, t as u64));
+        let logprob = -((mix(h, target as u64) % 97) as f32) / 10.0 - 0.05;
+        ScoredToken {
+            token: target,
+            logprob,
+            top_logprobs: (0..top_logprobs as u32)
+                .map(|k| (target + k, logprob - k as f32))
+                .collect(),
+        }
+    }
+
     /// Steps run so far.
     pub fn steps(&self) -> u64 {
         self.steps
@@ -253,6 +270,26 @@ impl AttentionNode for FakeNode {
                 self.slots[s] = t;
             }
             self.seqs.insert(e.seq, (end, e.block_table.clone()));
+            if let Some(scoring) = &e.prompt_logprobs {
+                scoring.check(e.seq, e.tokens.len())?;
+                let history: Vec<u32> = (0..end)
+                    .map(|p| self.slots[self.slot(&e.block_table, p)])
+                    .collect();
+                let tokens = scoring
+                    .next
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &target)| {
+                        Self::prompt_score(
+                            &history[..e.start + i + 1],
+                            target,
+                            scoring.top_logprobs,
+                        )
+                    })
+                    .collect();
+                out.prompt_logprobs
+                    .push(PromptLogprobs { seq: e.seq, tokens });
+            }
             let Some(sample) = &e.sample else {
                 continue;
             };
@@ -328,6 +365,7 @@ mod tests {
                 allowed,
             }),
             cached_prefix: Vec::new(),
+            prompt_logprobs: None,
         }
     }
 

@@ -24,6 +24,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
             },
             stop_token_ids: Vec::new(),
             constraint: None,
+            prompt_logprobs: None,
         },
         arrival: Instant::now(),
     }

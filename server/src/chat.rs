@@ -14,13 +14,15 @@ use crate::completions::parse_body;
 use crate::error::ApiError;
 use crate::generation::{self, ChoiceDelta, ChoiceEvent, ChoiceSpec, GenerationSpec, TokenLogprob};
 use crate::http::body::JsonBody;
+use crate::prompt_logprobs;
 use crate::protocol::chat::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatLogprobEntry, ChatLogprobs, ChatMessage, FunctionCall,
     FunctionCallDelta, ToolCall, ToolCallDelta, TopLogprob,
 };
+use crate::protocol::prompt_logprobs::PromptLogprobsField;
 use crate::protocol::{Usage, random_id, unix_now};
-use crate::sse::{ChunkWriter, json_event, stream_response};
+use crate::sse::{ChunkWriter, error_event, json_event, stream_response};
 use crate::state::AppState;
 use crate::structured;
 use crate::tool_parsing::{ChoiceParser, ParseEvent, ParsedOutput, ReasoningParserKind};
@@ -198,6 +200,7 @@ pub(crate) async fn start_chat(
         extra_stop_ids: state.harmony_stop_ids.clone(),
         arrival,
         output_format,
+        prompt_logprobs: params.prompt_logprobs,
     };
     let stream = generation::start(state, &spec, choices)?;
     Ok(ChatRun {
@@ -233,6 +236,7 @@ async fn handle(
         completion_tokens: vec![0; params.n],
         prompt,
         parsers,
+        prompt_logprobs: params.prompt_logprobs.map(|_| PromptLogprobsState::Pending),
     };
     if params.stream {
         let metrics_state = Arc::clone(state);
@@ -255,6 +259,16 @@ struct Output {
     prompt: Vec<u32>,
     /// One per choice, when the output is parsed for reasoning or tool calls.
     parsers: Option<Vec<ChoiceParser>>,
+    /// vLLM's `prompt_logprobs`, when asked for: sent (or kept for the response) once.
+    prompt_logprobs: Option<PromptLogprobsState>,
+}
+
+/// Where the request's prompt logprobs are.
+enum PromptLogprobsState {
+    /// Not arrived yet (they come with a choice's first token).
+    Pending,
+    /// Arrived, for the response (or already streamed).
+    Done(Option<PromptLogprobsField>),
 }
 
 /// The streamed delta of one event.
@@ -296,6 +310,22 @@ fn event_delta(event: ParseEvent, parser: &mut ChoiceParser) -> ChatDelta {
 }
 
 impl Output {
+    /// The prompt logprobs in vLLM's shape from the first delta that carries them, once.
+    fn take_prompt_logprobs(
+        &mut self,
+        d: &ChoiceDelta,
+    ) -> Result<Option<PromptLogprobsField>, ApiError> {
+        let (Some(PromptLogprobsState::Pending), Some(scores)) =
+            (&self.prompt_logprobs, &d.prompt_logprobs)
+        else {
+            return Ok(None);
+        };
+        let field =
+            prompt_logprobs::vllm_field(&self.prompt, scores, |t| self.state.token_text(t))?;
+        self.prompt_logprobs = Some(PromptLogprobsState::Done(None));
+        Ok(Some(field))
+    }
+
     fn logprobs(&self, entries: &[TokenLogprob]) -> ChatLogprobs {
         let entry = |t: u32, l: f32| {
             let token = self.state.token_text(t);
@@ -334,6 +364,7 @@ impl Output {
             choices,
             usage: self.continuous_usage.then(|| self.totals()),
             prompt_token_ids: (first && self.return_token_ids).then(|| self.prompt.clone()),
+            prompt_logprobs: None,
         }
     }
 
@@ -354,6 +385,9 @@ impl Output {
             };
             let i = d.index;
             self.completion_tokens[i] = d.completion_tokens;
+            if let Some(field) = self.take_prompt_logprobs(&d)? {
+                self.prompt_logprobs = Some(PromptLogprobsState::Done(Some(field)));
+            }
             if let Some(p) = self.parsers.as_mut().and_then(|p| p.get_mut(i)) {
                 for e in p.events(&d.text, d.finish.is_some()) {
                     parsed[i].apply(&e);
@@ -426,6 +460,13 @@ impl Output {
             choices,
             usage: self.totals(),
             prompt_token_ids: self.return_token_ids.then(|| self.prompt.clone()),
+            prompt_logprobs: match self.prompt_logprobs.take() {
+                Some(PromptLogprobsState::Done(field)) => field,
+                Some(PromptLogprobsState::Pending) => {
+                    return Err(ApiError::Internal("the prompt was not scored".into()));
+                }
+                None => None,
+            },
         };
         Ok(axum::Json(response).into_response())
     }
@@ -435,6 +476,10 @@ impl ChunkWriter for Output {
     fn delta(&mut self, d: ChoiceDelta) -> Vec<Event> {
         self.completion_tokens[d.index] = d.completion_tokens;
         let mut events = Vec::with_capacity(2);
+        let prompt_logprobs = match self.take_prompt_logprobs(&d) {
+            Ok(field) => field,
+            Err(e) => return vec![error_event(&e)],
+        };
         if d.first {
             // The role chunk goes out with the first token, never before (client-side TTFT
             // must not count a chunk sent before prefill).
@@ -450,7 +495,9 @@ impl ChunkWriter for Output {
                 stop_reason: None,
                 token_ids: None,
             };
-            events.push(json_event(&self.chunk(vec![role], true)));
+            let mut chunk = self.chunk(vec![role], true);
+            chunk.prompt_logprobs = prompt_logprobs;
+            events.push(json_event(&chunk));
         }
         let last = d.finish.is_some();
         let (deltas, reason) = match self.parsers.as_mut().and_then(|p| p.get_mut(d.index)) {

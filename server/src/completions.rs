@@ -11,12 +11,13 @@ use futures::StreamExt;
 use crate::error::ApiError;
 use crate::generation::{self, ChoiceDelta, ChoiceEvent, ChoiceSpec, GenerationSpec, TokenLogprob};
 use crate::http::body::JsonBody;
+use crate::prompt_logprobs;
 use crate::protocol::completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, OrderedLogprobs,
     PromptItem,
 };
 use crate::protocol::{Usage, random_id, unix_now};
-use crate::sse::{ChunkWriter, json_event, stream_response};
+use crate::sse::{ChunkWriter, error_event, json_event, stream_response};
 use crate::state::AppState;
 use crate::structured;
 use crate::validation::{check_token_ids, resolve_max_tokens, validate_common};
@@ -61,13 +62,13 @@ async fn handle(
         }
     };
     let echo = req.echo.unwrap_or(false);
-    if echo && logprobs.is_some() {
-        return Err(ApiError::bad_param(
-            "echo",
-            "echo together with logprobs needs prompt logprobs, which this server does not \
-             compute; drop one of them.",
-        ));
-    }
+    // `echo` with `logprobs` reports the prompt's tokens too: the prompt is scored with as
+    // many alternatives as either asks.
+    let echo_logprobs = logprobs.filter(|_| echo);
+    let prompt_scoring = match (echo_logprobs, params.prompt_logprobs) {
+        (None, p) => p,
+        (Some(k), p) => Some(k.max(p.unwrap_or(0))),
+    };
     let items = req
         .prompt
         .ok_or_else(|| ApiError::bad_param("prompt", "prompt is required."))?
@@ -126,6 +127,7 @@ async fn handle(
         extra_stop_ids: Vec::new(),
         arrival,
         output_format,
+        prompt_logprobs: prompt_scoring,
     };
     let stream = generation::start(state, &spec, choices)?;
     let out = Output {
@@ -136,6 +138,8 @@ async fn handle(
         echo,
         return_token_ids: params.return_token_ids,
         want_logprobs: logprobs.is_some(),
+        echo_logprobs,
+        vllm_prompt_logprobs: params.prompt_logprobs.is_some(),
         include_usage: params.include_usage,
         continuous_usage: params.continuous_usage,
         offsets: vec![0; prompts.len() * params.n],
@@ -160,6 +164,11 @@ struct Output {
     echo: bool,
     return_token_ids: bool,
     want_logprobs: bool,
+    /// `echo` with `logprobs`: the prompt's tokens lead the choice's logprobs, with this many
+    /// alternatives each.
+    echo_logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs` field on each choice.
+    vllm_prompt_logprobs: bool,
     include_usage: bool,
     continuous_usage: bool,
     prompts: Vec<Prompt>,
@@ -194,27 +203,60 @@ impl Output {
         lp
     }
 
-    fn choice(&mut self, d: ChoiceDelta) -> CompletionChoice {
+    fn choice(&mut self, d: ChoiceDelta) -> Result<CompletionChoice, ApiError> {
         self.completion_tokens[d.index] = d.completion_tokens;
         let mut text = d.text;
+        let mut prompt_part = None;
+        let mut prompt_logprobs = None;
+        if d.first {
+            let token_text = |t| self.state.token_text(t);
+            let ids = &self.prompt_of(d.index).ids;
+            let scores = d.prompt_logprobs.as_deref();
+            let scores =
+                || scores.ok_or_else(|| ApiError::Internal("the prompt was not scored".into()));
+            if self.vllm_prompt_logprobs {
+                prompt_logprobs = Some(prompt_logprobs::vllm_field(ids, scores()?, token_text)?);
+            }
+            if let Some(top) = self.echo_logprobs {
+                prompt_part = Some(prompt_logprobs::echo_logprobs(
+                    ids,
+                    scores()?,
+                    top,
+                    token_text,
+                )?);
+            }
+        }
         if d.first && self.echo {
             let p = self.prompt_of(d.index).text.clone();
             self.offsets[d.index] = p.chars().count();
             text = format!("{p}{text}");
         }
-        let logprobs = self
-            .want_logprobs
-            .then(|| self.logprobs(d.index, &d.logprobs));
-        CompletionChoice {
+        let logprobs = match prompt_part {
+            // The generated tokens' offsets follow the prompt's tokens'.
+            Some((mut lp, end)) => {
+                self.offsets[d.index] = end;
+                let generated = self.logprobs(d.index, &d.logprobs);
+                lp.text_offset.extend(generated.text_offset);
+                lp.token_logprobs.extend(generated.token_logprobs);
+                lp.tokens.extend(generated.tokens);
+                lp.top_logprobs.extend(generated.top_logprobs);
+                Some(lp)
+            }
+            None => self
+                .want_logprobs
+                .then(|| self.logprobs(d.index, &d.logprobs)),
+        };
+        Ok(CompletionChoice {
             index: d.index,
             text,
             logprobs,
+            prompt_logprobs,
             finish_reason: d.finish.as_ref().map(|f| f.reason),
             stop_reason: d.finish.and_then(|f| f.stop_reason),
             prompt_token_ids: (self.return_token_ids && d.first)
                 .then(|| self.prompt_of(d.index).ids.clone()),
             token_ids: self.return_token_ids.then_some(d.token_ids),
-        }
+        })
     }
 
     fn totals(&self) -> Usage {
@@ -242,7 +284,7 @@ impl Output {
                 ChoiceEvent::Error(e) => return Err(e),
             };
             let index = d.index;
-            let c = self.choice(d);
+            let c = self.choice(d)?;
             match &mut choices[index] {
                 None => choices[index] = Some(c),
                 Some(acc) => {
@@ -272,7 +314,10 @@ impl Output {
 
 impl ChunkWriter for Output {
     fn delta(&mut self, d: ChoiceDelta) -> Vec<Event> {
-        let choice = self.choice(d);
+        let choice = match self.choice(d) {
+            Ok(c) => c,
+            Err(e) => return vec![error_event(&e)],
+        };
         let usage = self.continuous_usage.then(|| self.totals());
         vec![json_event(&self.response(vec![choice], usage))]
     }

@@ -14,7 +14,7 @@ use futures::{Stream, StreamExt};
 use router::{
     FinishReason, GenerationRequest, RequestEvent, RequestStream, SequenceParams, TokenOutput,
 };
-use step::SampleRequest;
+use step::{SampleRequest, ScoredToken};
 
 use crate::detokenize::IncrementalDetokenizer;
 use crate::error::ApiError;
@@ -54,6 +54,8 @@ pub struct GenerationSpec {
     pub arrival: Instant,
     /// The grammar every choice's output follows (structured outputs), if any.
     pub output_format: Option<Arc<CompiledFormat>>,
+    /// Score every prompt token with this many alternatives (prompt logprobs), if wanted.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// One token's logprob and its alternatives.
@@ -93,6 +95,9 @@ pub struct ChoiceDelta {
     pub first: bool,
     /// Tokens generated so far by this choice.
     pub completion_tokens: usize,
+    /// On the first delta of a choice that asked for prompt logprobs: every prompt token's
+    /// after the first.
+    pub prompt_logprobs: Option<Vec<ScoredToken>>,
 }
 
 /// What the merged stream yields.
@@ -141,6 +146,7 @@ pub fn start(
                     stop_token_ids: stop_token_ids.clone(),
                     // Each choice walks its own copy of the grammar.
                     constraint: spec.output_format.as_ref().map(|f| f.constraint()),
+                    prompt_logprobs: spec.prompt_logprobs,
                 },
                 arrival: spec.arrival,
             }
@@ -253,12 +259,16 @@ impl ChoiceTracker {
             finish: None,
             first: self.timing.generated == 0,
             completion_tokens: 0,
+            prompt_logprobs: None,
         };
         for t in tokens {
             if delta.finish.is_some() {
                 break;
             }
             self.note_timing(&t);
+            if t.prompt_logprobs.is_some() {
+                delta.prompt_logprobs = t.prompt_logprobs.clone();
+            }
             delta.token_ids.push(t.token);
             if self.want_logprobs {
                 delta.logprobs.push(TokenLogprob {

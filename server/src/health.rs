@@ -55,7 +55,7 @@ pub async fn version() -> Json<serde_json::Value> {
 /// Unknown routes, in the OpenAI error shape.
 pub async fn not_found(uri: axum::http::Uri) -> Response {
     ApiError::NotFound {
-        message: format!("no route {uri}: see /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /health, /metrics"),
+        message: format!("no route {uri}: see /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /tokenizer_info, /health, /metrics"),
         param: None,
     }
     .into_response()

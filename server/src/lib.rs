@@ -10,7 +10,7 @@
 //! [`router::Router`], then [`Server::run_until`] a stop signal, which drains (see
 //! [`lifecycle`]). Routes, as vLLM serves them: `POST /v1/completions`,
 //! `POST /v1/chat/completions`, `POST /v1/responses` (stateless: [`responses`]),
-//! `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
+//! `GET /v1/models`, `POST /tokenize`, `POST /detokenize`, `GET /tokenizer_info`,
 //! `GET /health` (`/ping`), `GET /metrics`, `GET /version`.
 //!
 //! Layout: I/O-free pieces ([`detokenize`], [`stop`], [`validation`], [`chat_template`],
@@ -33,6 +33,7 @@ pub mod http;
 pub mod lifecycle;
 pub mod metrics;
 pub mod models;
+pub mod prompt_logprobs;
 pub mod protocol;
 pub mod responses;
 pub mod sse;
@@ -77,6 +78,7 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
         .merge(api)
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/health", get(health::health))
         .route("/ping", get(health::health))
         .route("/metrics", get(health::metrics))

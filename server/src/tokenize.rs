@@ -102,3 +102,19 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, JsonBody(body): Json
     })();
     respond(&state, r)
 }
+
+/// `GET /tokenizer_info`, as vLLM serves it: the tokenizer's special tokens, chat template and
+/// context length, for clients that tokenize through the server (lm-evaluation-harness's
+/// remote tokenizer reads `eos_token` and `bos_token` here, then calls `/tokenize`).
+pub async fn tokenizer_info(State(state): State<Arc<AppState>>) -> Response {
+    let tok = &state.tokenizer;
+    Json(json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": tok.eos_token,
+        "bos_token": tok.bos_token,
+        "pad_token": Value::Null,
+        "chat_template": tok.chat_template,
+        "model_max_length": state.limits.max_model_len,
+    }))
+    .into_response()
+}

@@ -51,6 +51,9 @@ pub struct Validated {
     pub return_token_ids: bool,
     /// `max_tokens` / `max_completion_tokens` as requested.
     pub max_tokens: Option<usize>,
+    /// vLLM's `prompt_logprobs`: alternatives per prompt position, if prompt logprobs are
+    /// wanted.
+    pub prompt_logprobs: Option<usize>,
 }
 
 fn bad(param: &str, message: String) -> ApiError {
@@ -91,6 +94,19 @@ pub fn validate_common(p: &CommonParams, limits: &Limits) -> Result<Validated, A
         .filter(|s| !s.is_empty())
         .collect();
     let stream = streaming(p)?;
+    let prompt_logprobs = match p.prompt_logprobs {
+        None => None,
+        Some(k) if (0..=limits.max_logprobs as i64).contains(&k) => Some(k as usize),
+        Some(k) => {
+            return Err(bad(
+                "prompt_logprobs",
+                format!(
+                    "prompt_logprobs must be in [0, {}], got {k}.",
+                    limits.max_logprobs
+                ),
+            ));
+        }
+    };
     Ok(Validated {
         sampling,
         seed: p.seed.map(|s| s as u64),
@@ -106,6 +122,7 @@ pub fn validate_common(p: &CommonParams, limits: &Limits) -> Result<Validated, A
         continuous_usage: stream.continuous_usage,
         return_token_ids: p.return_token_ids.unwrap_or(false),
         max_tokens,
+        prompt_logprobs,
     })
 }
 

@@ -67,7 +67,7 @@ fn wrong_for(field: &str) -> Vec<Value> {
         | "continue_final_message" => vec![text, json!(1), json!([true]), object],
         "stream_options" => vec![json!(5), json!({"include_usage": "yes"}), text],
         "model" => vec![json!(5), json!(["tiny"]), object, json!("no-such-model")],
-        "logprobs" => vec![json!(true), json!(-1), json!(21), huge, text],
+        "logprobs" | "prompt_logprobs" => vec![json!(true), json!(-1), json!(21), huge, text],
         "chat_logprobs" => vec![json!(5), text, object],
         "top_logprobs" => vec![json!(-1), json!(21), text, json!(1.5)],
         "chat_template_kwargs" => vec![json!(5), text, json!([1])],
@@ -136,6 +136,7 @@ const COMMON: &[&str] = &[
     "return_token_ids",
     "stream_options",
     "model",
+    "prompt_logprobs",
 ];
 
 fn endpoints() -> Vec<Endpoint> {

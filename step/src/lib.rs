@@ -23,11 +23,13 @@ pub mod clock;
 pub mod compute;
 pub mod constraint;
 pub mod health;
+pub mod prompt_logprobs;
 pub mod replicas;
 
 pub use clock::{Clock, StepRouting, StepTimer, WallClock};
 pub use constraint::{AllowedTokens, Constraint, MaskJob, TokenConstraint, TokenMask};
 pub use health::{CardHealth, CardState, HealthSource, NodeHealth};
+pub use prompt_logprobs::{PromptLogprobs, PromptScoring, ScoredToken};
 
 use model::sampling::SamplingParams;
 
@@ -122,6 +124,8 @@ pub struct StepEntry {
     /// keys and values other sequences wrote into the first blocks of `block_table` (full
     /// blocks, shared and never written again). Empty otherwise.
     pub cached_prefix: Vec<u32>,
+    /// Score the prompt tokens that follow the new tokens (prompt logprobs), or `None`.
+    pub prompt_logprobs: Option<PromptScoring>,
 }
 
 impl StepEntry {
@@ -159,6 +163,8 @@ pub struct SampledToken {
 pub struct StepOutput {
     /// One entry per [`StepEntry`] that asked to sample, in batch order.
     pub sampled: Vec<SampledToken>,
+    /// One entry per [`StepEntry`] that asked for prompt logprobs, in batch order.
+    pub prompt_logprobs: Vec<PromptLogprobs>,
 }
 
 /// How a step is cut into micro-batches.

@@ -192,6 +192,7 @@ impl Worker {
                             position: s.position,
                             logprobs: s.logprobs,
                             filtered: s.filtered,
+                            target: s.target,
                         }
                     })
                     .collect();
@@ -343,6 +344,7 @@ fn full_proposal(logits: &[f32], first: u32) -> Proposal {
         winner_logit: 0.0,
         winner_score: f64::NEG_INFINITY,
         shard_rows: logits.len() as u32,
+        target_logit: None,
         candidates: order
             .into_iter()
             .map(|i| Candidate {
@@ -365,6 +367,7 @@ fn to_wire(p: LmProposal) -> Proposal {
         winner_logit,
         winner_score,
         shard_rows: p.shard_rows,
+        target_logit: p.target_logit,
         candidates: p
             .candidates
             .into_iter()

@@ -323,6 +323,7 @@ fn baseline(args: &Args, checkpoint: &Path) -> Result<()> {
         block_table: (0..blocks as u32).collect(),
         sample: Some(request.clone()),
         cached_prefix: Vec::new(),
+        prompt_logprobs: None,
     };
     let prompt: Vec<u32> = (0..args.context)
         .map(|p| token(1, p, cfg.vocab_size))

@@ -14,7 +14,7 @@ use super::inputs::SpanInput;
 use super::node::DeviceCompute;
 use super::spec::AttentionDevice;
 use crate::kv_cache::KvCacheConfig;
-use crate::monolithic::validate_batch;
+use crate::monolithic::{score_prompt, validate_batch};
 use crate::prefix::FilledBlocks;
 use crate::sampler::{RowToSample, TokenHistory, record_tokens, sample_rows};
 
@@ -104,7 +104,12 @@ impl AttentionNode for DeviceMonolithicNode {
                 past: e.start,
                 table: &e.block_table,
             });
+            let first = positions.len() as u32;
             positions.extend(e.start..e.start + e.tokens.len());
+            // Scored prompt rows first, then the sampled row (the order they are read back).
+            if let Some(p) = &e.prompt_logprobs {
+                last_rows.extend((0..p.next.len() as u32).map(|j| first + j));
+            }
             if e.sample.is_some() {
                 last_rows.push((positions.len() - 1) as u32);
             }
@@ -132,9 +137,16 @@ impl AttentionNode for DeviceMonolithicNode {
             record_tokens(&mut self.histories, e);
         }
         self.filled.record(batch);
-        let mut logit_rows = logits.chunks_exact(self.vocab.max(1));
+        let vocab = self.vocab.max(1);
+        let mut logit_rows = logits.chunks_exact(vocab);
         let mut rows = Vec::new();
+        let mut prompt_logprobs = Vec::new();
         for e in &batch.entries {
+            if let Some(p) = &e.prompt_logprobs {
+                let n = p.next.len();
+                let scored: Vec<f32> = logit_rows.by_ref().take(n).flatten().copied().collect();
+                prompt_logprobs.push(score_prompt(e.seq, &scored, vocab, p)?);
+            }
             let (Some(request), Some(history)) = (&e.sample, self.histories.get(&e.seq)) else {
                 continue;
             };
@@ -151,6 +163,7 @@ impl AttentionNode for DeviceMonolithicNode {
         }
         Ok(StepOutput {
             sampled: sample_rows(&rows)?,
+            prompt_logprobs,
         })
     }
 

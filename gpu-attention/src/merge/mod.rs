@@ -25,6 +25,9 @@
 //! - **greedy under a mask** (structured output, [`merge_constrained_row`]): the best allowed
 //!   candidate, when it beats every card's last candidate (or the card returned all its rows).
 //!
+//! - **a prompt token's logprob** (prompt logprobs, [`score_row`]): the logit the card holding it
+//!   returns over the log-sum-exp of the vocabulary, and its best alternatives.
+//!
 //! What gathers: repetition, frequency and presence penalties (they change logits the cards do
 //! not know); top logprobs beyond the candidates per card; sampled rows under a mask, and
 //! masked greedy rows whose answer the candidates do not prove; filtered rows whose proof fails
@@ -33,8 +36,11 @@
 //! logit from the cards and samples exactly as the reference does.
 
 mod filtered;
+mod score;
 #[cfg(test)]
 mod tests;
+
+pub use score::{score_candidates_needed, score_full_row, score_row};
 
 use model::sampling::SamplingParams;
 use proto::data::Proposal;

@@ -60,6 +60,7 @@ fn propose(
                 token: t as u32,
             })
             .collect(),
+        target_logit: None,
     }
 }
 

@@ -1,6 +1,8 @@
 //! The sharded LM head: normed rows out to every card holding vocabulary rows, proposals back,
 //! merged exactly ([`crate::merge`]); rows the proposals cannot decide get a second round
-//! that gathers every logit. A constrained row (structured output) waits for its mask only at
+//! that gathers every logit. Scored rows (prompt logprobs) ride the same messages: the card
+//! holding each one's prompt token returns its logit ([`crate::merge::score_row`]). A
+//! constrained row (structured output) waits for its mask only at
 //! the merge, so the router computes it while the step runs.
 
 use std::collections::HashMap;
@@ -9,19 +11,38 @@ use proto::data::{self, Immediate, LM_HEAD_LAYER, Proposal, RowSampling};
 
 use super::DisaggregatedNode;
 use super::pipeline::MicroBatch;
-use crate::merge::{MergeOutcome, candidates_needed, merge_constrained_row, merge_row};
+use crate::merge::{
+    MergeOutcome, candidates_needed, merge_constrained_row, merge_row, score_candidates_needed,
+    score_full_row, score_row,
+};
 use crate::sampler::sample_row;
-use step::{SampleRequest, SampledToken, StepBatch, StepError, StepOutput};
+use step::{
+    PromptLogprobs, SampleRequest, SampledToken, ScoredToken, StepBatch, StepEntry, StepError,
+    StepOutput,
+};
 
 /// Immediate layer code of the full-logits round (distinct from the proposals round).
 const FULL_LOGITS_LAYER: u16 = LM_HEAD_LAYER - 1;
 
-/// A row to sample.
+/// A row through the LM head.
 struct Row {
     /// Entry index in the batch.
     entry: usize,
-    request: SampleRequest,
+    kind: RowKind,
     position: u64,
+}
+
+/// What a row asks of the LM head.
+enum RowKind {
+    /// Sample the entry's next token.
+    Sample(SampleRequest),
+    /// Score a prompt token (prompt logprobs).
+    Score { target: u32, top_logprobs: usize },
+}
+
+/// Rows an entry sends through the LM head: its scored prompt tokens, then its sample.
+pub(super) fn lm_rows(e: &StepEntry) -> usize {
+    e.prompt_logprobs.as_ref().map_or(0, |p| p.next.len()) + usize::from(e.sample.is_some())
 }
 
 /// One micro-batch's rows on their way through the LM head.
@@ -58,12 +79,25 @@ impl DisaggregatedNode {
             let mut last_rows = Vec::new();
             for (span_idx, &i) in mb.entries.iter().enumerate() {
                 let e = &batch.entries[i];
+                let s = &mb.spans[span_idx];
+                if let Some(p) = &e.prompt_logprobs {
+                    for (j, &target) in p.next.iter().enumerate() {
+                        last_rows.push(s.start + j);
+                        rows.push(Row {
+                            entry: i,
+                            kind: RowKind::Score {
+                                target,
+                                top_logprobs: p.top_logprobs,
+                            },
+                            position: (e.start + j + 1) as u64,
+                        });
+                    }
+                }
                 if let Some(request) = &e.sample {
-                    let s = &mb.spans[span_idx];
                     last_rows.push(s.start + s.len - 1);
                     rows.push(Row {
                         entry: i,
-                        request: request.clone(),
+                        kind: RowKind::Sample(request.clone()),
                         position: (e.start + e.tokens.len()) as u64,
                     });
                 }
@@ -82,7 +116,10 @@ impl DisaggregatedNode {
         // As few as the rows need: a greedy row without logprobs needs one, not `cap`.
         let k = rows
             .iter()
-            .map(|r| candidates_needed(&r.request, cap))
+            .map(|r| match &r.kind {
+                RowKind::Sample(request) => candidates_needed(request, cap),
+                RowKind::Score { top_logprobs, .. } => score_candidates_needed(*top_logprobs, cap),
+            })
             .max()
             .unwrap_or(1);
         let sampling: Vec<RowSampling> = rows.iter().map(row_sampling).collect();
@@ -112,6 +149,7 @@ impl DisaggregatedNode {
         let lm_cards = self.lm_cards();
         let hidden = self.config.hidden_size;
         let mut sampled: HashMap<usize, SampledToken> = HashMap::new();
+        let mut scored: HashMap<usize, ScoredRows> = HashMap::new();
         for (m, sent) in per_mb.iter().enumerate() {
             let (rows, normed, k) = (&sent.rows, &sent.normed, sent.candidates);
             if rows.is_empty() {
@@ -132,11 +170,24 @@ impl DisaggregatedNode {
                     fallback.push(r);
                     continue;
                 }
+                let request = match &row.kind {
+                    RowKind::Sample(request) => request,
+                    &RowKind::Score {
+                        target,
+                        top_logprobs,
+                    } => {
+                        match score_row(&props, target, top_logprobs, k) {
+                            Some(t) => scored.entry(row.entry).or_default().put(r, t),
+                            None => fallback.push(r),
+                        }
+                        continue;
+                    }
+                };
                 // A constrained row's mask is waited for only now, after the forward pass and
                 // the cards' proposals: the router computed it meanwhile.
-                let outcome = match row.request.allowed_mask(seq)? {
-                    Some(mask) => merge_constrained_row(&props, &row.request, &mask, k),
-                    None => merge_row(&props, &row.request, row.position, k),
+                let outcome = match request.allowed_mask(seq)? {
+                    Some(mask) => merge_constrained_row(&props, request, &mask, k),
+                    None => merge_row(&props, request, row.position, k),
                 };
                 match outcome {
                     MergeOutcome::Done(t) => {
@@ -164,7 +215,10 @@ impl DisaggregatedNode {
                     &fallback,
                     &lm_cards,
                     hidden,
-                    &mut sampled,
+                    &mut Answers {
+                        sampled: &mut sampled,
+                        scored: &mut scored,
+                    },
                     stash,
                 )?;
                 self.trace.end(
@@ -182,6 +236,21 @@ impl DisaggregatedNode {
                     StepError::Model(format!("no token was sampled for sequence {}", e.seq))
                 })?;
                 out.sampled.push(t);
+            }
+            if let Some(p) = &e.prompt_logprobs {
+                let tokens = scored.remove(&i).map(ScoredRows::into_tokens);
+                match tokens {
+                    Some(tokens) if tokens.len() == p.next.len() => {
+                        out.prompt_logprobs
+                            .push(PromptLogprobs { seq: e.seq, tokens });
+                    }
+                    _ => {
+                        return Err(StepError::Model(format!(
+                            "the prompt tokens of sequence {} were not all scored",
+                            e.seq
+                        )));
+                    }
+                }
             }
         }
         Ok(out)
@@ -261,7 +330,7 @@ impl DisaggregatedNode {
         which: &[usize],
         cards: &[usize],
         hidden: usize,
-        sampled: &mut HashMap<usize, SampledToken>,
+        answers: &mut Answers<'_>,
         stash: &mut HashMap<(usize, u8, usize), Vec<u8>>,
     ) -> Result<(), StepError> {
         let vocab = self.config.vocab_size;
@@ -310,28 +379,80 @@ impl DisaggregatedNode {
                 }
                 let row = &rows[r];
                 let entry = &batch.entries[row.entry];
+                self.stats.full_logits_rows += 1;
+                let request = match &row.kind {
+                    RowKind::Sample(request) => request,
+                    &RowKind::Score {
+                        target,
+                        top_logprobs,
+                    } => {
+                        let t = score_full_row(&logits, target, top_logprobs).ok_or_else(|| {
+                            StepError::Invalid(format!(
+                                "sequence {}: prompt token {target} is outside the vocabulary                                  of {vocab}",
+                                entry.seq
+                            ))
+                        })?;
+                        answers.scored.entry(row.entry).or_default().put(r, t);
+                        continue;
+                    }
+                };
                 if self.collect_logits {
                     self.logits.push((entry.seq, logits.clone()));
                 }
                 let history = self.histories.entry(entry.seq).or_default();
-                sampled.insert(
+                answers.sampled.insert(
                     row.entry,
-                    sample_row(entry.seq, &logits, &row.request, history, row.position)?,
+                    sample_row(entry.seq, &logits, request, history, row.position)?,
                 );
-                self.stats.full_logits_rows += 1;
             }
         }
         Ok(())
     }
 }
 
+/// Where the full-logits round puts what it decides.
+struct Answers<'a> {
+    sampled: &'a mut HashMap<usize, SampledToken>,
+    scored: &'a mut HashMap<usize, ScoredRows>,
+}
+
+/// One entry's scored rows as they are decided (from proposals or gathered), by row index.
+#[derive(Default)]
+struct ScoredRows(Vec<(usize, ScoredToken)>);
+
+impl ScoredRows {
+    fn put(&mut self, row: usize, t: ScoredToken) {
+        self.0.push((row, t));
+    }
+
+    /// The scores in row order, which is the order of the entry's prompt tokens.
+    fn into_tokens(mut self) -> Vec<ScoredToken> {
+        self.0.sort_by_key(|&(r, _)| r);
+        self.0.into_iter().map(|(_, t)| t).collect()
+    }
+}
+
 fn row_sampling(row: &Row) -> RowSampling {
-    let p = &row.request.params;
-    RowSampling {
-        temperature: if p.is_greedy() { 0.0 } else { p.temperature },
-        seed: p.seed,
-        position: row.position,
-        logprobs: row.request.wants_logprobs(),
-        filtered: !p.is_greedy() && p.has_filters(),
+    match &row.kind {
+        RowKind::Sample(request) => {
+            let p = &request.params;
+            RowSampling {
+                temperature: if p.is_greedy() { 0.0 } else { p.temperature },
+                seed: p.seed,
+                position: row.position,
+                logprobs: request.wants_logprobs(),
+                filtered: !p.is_greedy() && p.has_filters(),
+                target: None,
+            }
+        }
+        // Greedy (no draw), with the shard's log-sum-exp and the target's logit.
+        &RowKind::Score { target, .. } => RowSampling {
+            temperature: 0.0,
+            seed: 0,
+            position: row.position,
+            logprobs: true,
+            filtered: false,
+            target: Some(target),
+        },
     }
 }

@@ -110,9 +110,9 @@ impl DisaggregatedNode {
         // the cards then pass over their vocabulary rows once, not once per micro-batch.
         // Sending the first micro-batch's early would gain nothing, as the cards still have
         // the second's last layer to compute when it is ready.
-        let sampled = batch.entries.iter().filter(|e| e.sample.is_some()).count();
+        let lm_rows: usize = batch.entries.iter().map(super::lm_head::lm_rows).sum();
         let mut sent = Vec::with_capacity(mbs.len());
-        if sampled <= self.node.max_tokens {
+        if lm_rows <= self.node.max_tokens {
             for (m, mb) in mbs.iter_mut().enumerate() {
                 self.finish_ffn(mb, m as u8, &mut stash)?;
             }

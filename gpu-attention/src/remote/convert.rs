@@ -3,8 +3,9 @@
 use model::sampling::SamplingParams;
 use proto::control as pb;
 use step::{
-    AllowedTokens, CardHealth, CardState, NodeHealth, Penalties, SampleRequest, SampledToken,
-    SeqId, StepBatch, StepEntry, StepError, StepOutput, TokenMask,
+    AllowedTokens, CardHealth, CardState, NodeHealth, Penalties, PromptLogprobs, PromptScoring,
+    SampleRequest, SampledToken, ScoredToken, SeqId, StepBatch, StepEntry, StepError, StepOutput,
+    TokenMask,
 };
 
 /// Wire form of a batch. A constrained row's mask is waited for here (up to
@@ -26,6 +27,10 @@ pub fn batch_to_pb(batch: &StepBatch) -> Result<pb::StepRequest, StepError> {
             block_table: e.block_table.clone(),
             sample,
             cached_prefix: e.cached_prefix.clone(),
+            prompt_logprobs: e.prompt_logprobs.as_ref().map(|p| pb::PromptScoring {
+                next: p.next.clone(),
+                top_logprobs: p.top_logprobs as u32,
+            }),
         });
     }
     Ok(pb::StepRequest { entries })
@@ -68,6 +73,10 @@ pub fn batch_from_pb(request: pb::StepRequest) -> Result<StepBatch, StepError> {
             block_table: e.block_table,
             sample,
             cached_prefix: e.cached_prefix,
+            prompt_logprobs: e.prompt_logprobs.map(|p| PromptScoring {
+                next: p.next,
+                top_logprobs: p.top_logprobs as usize,
+            }),
         });
     }
     Ok(StepBatch { entries })
@@ -130,6 +139,26 @@ pub fn output_to_pb(out: StepOutput) -> pb::StepReply {
                     .top_logprobs
                     .into_iter()
                     .map(|(token, logprob)| pb::TokenLogprob { token, logprob })
+                    .collect(),
+            })
+            .collect(),
+        prompt_logprobs: out
+            .prompt_logprobs
+            .into_iter()
+            .map(|p| pb::PromptLogprobs {
+                seq: p.seq,
+                tokens: p
+                    .tokens
+                    .into_iter()
+                    .map(|t| pb::ScoredToken {
+                        token: t.token,
+                        logprob: t.logprob,
+                        top_logprobs: t
+                            .top_logprobs
+                            .into_iter()
+                            .map(|(token, logprob)| pb::TokenLogprob { token, logprob })
+                            .collect(),
+                    })
                     .collect(),
             })
             .collect(),
@@ -206,6 +235,26 @@ pub fn output_from_pb(reply: pb::StepReply) -> StepOutput {
                     .collect(),
             })
             .collect(),
+        prompt_logprobs: reply
+            .prompt_logprobs
+            .into_iter()
+            .map(|p| PromptLogprobs {
+                seq: p.seq,
+                tokens: p
+                    .tokens
+                    .into_iter()
+                    .map(|t| ScoredToken {
+                        token: t.token,
+                        logprob: t.logprob,
+                        top_logprobs: t
+                            .top_logprobs
+                            .into_iter()
+                            .map(|l| (l.token, l.logprob))
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect(),
     }
 }
 
@@ -224,6 +273,7 @@ mod tests {
             block_table: vec![0, 1],
             sample,
             cached_prefix: Vec::new(),
+            prompt_logprobs: None,
         }
     }
 
@@ -320,5 +370,49 @@ mod tests {
             matches!(&err, StepError::Model(m) if m.contains("no grammar")),
             "{err}"
         );
+    }
+
+    /// Prompt scoring crosses the wire with its entry, and prompt logprobs with the output,
+    /// every field in order; entries and outputs without them arrive without.
+    #[test]
+    fn prompt_scoring_and_prompt_logprobs_round_trip() {
+        let mut scored = entry(4, None);
+        scored.prompt_logprobs = Some(PromptScoring {
+            next: vec![2, 3],
+            top_logprobs: 5,
+        });
+        let batch = StepBatch {
+            entries: vec![scored, entry(5, Some(sample(None)))],
+        };
+        let back = batch_from_pb(batch_to_pb(&batch).unwrap()).unwrap();
+        assert_eq!(
+            back.entries[0].prompt_logprobs,
+            batch.entries[0].prompt_logprobs
+        );
+        assert_eq!(back.entries[1].prompt_logprobs, None);
+        let out = StepOutput {
+            sampled: vec![SampledToken {
+                seq: 5,
+                token: 9,
+                logprob: -0.5,
+                top_logprobs: vec![(9, -0.5)],
+            }],
+            prompt_logprobs: vec![PromptLogprobs {
+                seq: 4,
+                tokens: vec![
+                    ScoredToken {
+                        token: 2,
+                        logprob: -1.25,
+                        top_logprobs: vec![(7, -0.1), (2, -1.25)],
+                    },
+                    ScoredToken {
+                        token: 3,
+                        logprob: -7.0,
+                        top_logprobs: vec![],
+                    },
+                ],
+            }],
+        };
+        assert_eq!(output_from_pb(output_to_pb(out.clone())), out);
     }
 }

@@ -309,6 +309,7 @@ mod tests {
                 allowed,
             }),
             cached_prefix: Vec::new(),
+            prompt_logprobs: None,
         };
         let later = AllowedTokens::pending();
         let filler = later.clone();

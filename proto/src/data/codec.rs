@@ -2,8 +2,8 @@
 
 use super::{
     Candidate, DecodeError, HEADER_LEN, Header, Kind, MAGIC, PROPOSAL_FIXED_LEN, Proposal,
-    ROW_FLAG_FILTERED, ROW_FLAG_LOGPROBS, ROW_SAMPLING_LEN, RowSampling, VERSION, WireDtype,
-    proposal_len,
+    ROW_FLAG_FILTERED, ROW_FLAG_LOGPROBS, ROW_FLAG_TARGET, ROW_SAMPLING_LEN, RowSampling, VERSION,
+    WireDtype, proposal_len,
 };
 
 /// Step, layer and micro-batch of a message, and its row dtype.
@@ -305,6 +305,7 @@ impl LmHeadDispatch<'_> {
             filtered: u32_at(b, 4) & ROW_FLAG_FILTERED != 0,
             seed: u64_at(b, 8),
             position: u64_at(b, 16),
+            target: (u32_at(b, 4) & ROW_FLAG_TARGET != 0).then(|| u32_at(b, 24)),
         }
     }
 }
@@ -331,10 +332,17 @@ pub fn encode_lm_head_dispatch(
     for s in sampling {
         out.extend_from_slice(&s.temperature.to_le_bytes());
         let flags = if s.logprobs { ROW_FLAG_LOGPROBS } else { 0 }
-            | if s.filtered { ROW_FLAG_FILTERED } else { 0 };
+            | if s.filtered { ROW_FLAG_FILTERED } else { 0 }
+            | if s.target.is_some() {
+                ROW_FLAG_TARGET
+            } else {
+                0
+            };
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&s.seed.to_le_bytes());
         out.extend_from_slice(&s.position.to_le_bytes());
+        out.extend_from_slice(&s.target.unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
     }
 }
 
@@ -371,7 +379,7 @@ pub fn encode_proposals(
         out.extend_from_slice(&p.winner.to_le_bytes());
         out.extend_from_slice(&p.winner_logit.to_le_bytes());
         out.extend_from_slice(&p.shard_rows.to_le_bytes());
-        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&p.target_logit.unwrap_or(f32::NAN).to_le_bytes());
         for i in 0..slots {
             let c = p.candidates.get(i).copied().unwrap_or(Candidate {
                 logit: f32::NEG_INFINITY,
@@ -397,6 +405,7 @@ pub fn decode_proposals(bytes: &[u8]) -> Result<(Header, Vec<Proposal>), DecodeE
             winner: u32_at(b, 24),
             winner_logit: f32::from_bits(u32_at(b, 28)),
             shard_rows: u32_at(b, 32),
+            target_logit: Some(f32::from_bits(u32_at(b, 36))).filter(|l| !l.is_nan()),
             candidates: b[PROPOSAL_FIXED_LEN..]
                 .chunks_exact(8)
                 .map(|c| Candidate {

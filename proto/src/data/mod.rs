@@ -9,8 +9,8 @@
 //! | 1 | [`MoeDispatch`] (attention -> card) | rows `[tokens, hidden]` (dtype), expert ids `[tokens, slots]` u32 (`NO_EXPERT` = empty slot), weights `[tokens, slots]` f32 |
 //! | 2 | dense dispatch (attention -> card) | rows `[tokens, hidden]` |
 //! | 3 | partial sums (card -> attention) | rows `[tokens, hidden]` |
-//! | 4 | [`LmHeadDispatch`] (attention -> card) | normed rows `[tokens, hidden]`, then per row a [`RowSampling`] (24 bytes); `slots` = candidates wanted per row |
-//! | 5 | `LmHeadProposals` (card -> attention) | per row a [`Proposal`]: lse f64, scaled lse f64, winner score f64, winner u32, winner logit f32, shard rows u32, 4 zero bytes, then `slots` candidates (logit f32, id u32; padding: id `u32::MAX`) |
+//! | 4 | [`LmHeadDispatch`] (attention -> card) | normed rows `[tokens, hidden]`, then per row a [`RowSampling`] (32 bytes: temperature f32, flags u32, seed u64, position u64, target u32, 4 zero bytes); `slots` = candidates wanted per row |
+//! | 5 | `LmHeadProposals` (card -> attention) | per row a [`Proposal`]: lse f64, scaled lse f64, winner score f64, winner u32, winner logit f32, shard rows u32, target logit f32 (NaN: the row has no target in the shard), then `slots` candidates (logit f32, id u32; padding: id `u32::MAX`) |
 //! | 6 | error (card -> attention) | UTF-8 message of `tokens` bytes |
 
 mod codec;
@@ -22,7 +22,7 @@ pub use codec::*;
 /// First two bytes of every data-plane message.
 pub const MAGIC: [u8; 2] = *b"AF";
 /// The layout version this crate speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 32;
 /// Expert id marking an unused slot.
@@ -248,15 +248,20 @@ pub struct RowSampling {
     /// Whether the row samples with top-k, top-p or min-p: only then does a card compute its
     /// shard's log-sum-exp of the scaled logits (NaN in the proposal otherwise).
     pub filtered: bool,
+    /// A token whose logit the card holding it returns ([`Proposal::target_logit`]): the
+    /// prompt token a scored row asks the logprob of (prompt logprobs). `None` for sampled rows.
+    pub target: Option<u32>,
 }
 
 /// Flag bit of [`RowSampling::logprobs`] in the encoded row.
 pub const ROW_FLAG_LOGPROBS: u32 = 1;
 /// Flag bit of [`RowSampling::filtered`] in the encoded row.
 pub const ROW_FLAG_FILTERED: u32 = 2;
+/// Flag bit saying the encoded row carries a [`RowSampling::target`].
+pub const ROW_FLAG_TARGET: u32 = 4;
 
 /// Bytes of one encoded [`RowSampling`].
-pub const ROW_SAMPLING_LEN: usize = 24;
+pub const ROW_SAMPLING_LEN: usize = 32;
 
 /// One LM-head candidate: a token and its logit.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -284,6 +289,10 @@ pub struct Proposal {
     pub winner_score: f64,
     /// Vocabulary rows of the shard: the candidates are all of them when there are this many.
     pub shard_rows: u32,
+    /// The logit of the row's [`RowSampling::target`], from the card whose shard holds it;
+    /// `None` from the others and for rows without a target. (On the wire `None` is NaN, so a
+    /// NaN logit reads as absent and the row is then reported unscored.)
+    pub target_logit: Option<f32>,
     /// The shard's best candidates, highest logit first (lowest id first on ties).
     pub candidates: Vec<Candidate>,
 }

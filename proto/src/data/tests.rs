@@ -65,6 +65,7 @@ proptest! {
             winner_logit: i as f32 * 0.5,
             winner_score: -(i as f64),
             shard_rows: (seed >> 8) as u32,
+            target_logit: (i % 2 == 1).then_some((seed % 13) as f32 * -0.75),
             candidates: (0..slots.saturating_sub(i % 2)).map(|c| Candidate { logit: c as f32, token: c as u32 * 3 }).collect(),
         }).collect();
         let mut buf = Vec::new();
@@ -90,6 +91,7 @@ proptest! {
             winner_logit: 0.0,
             winner_score: f64::NEG_INFINITY,
             shard_rows: 7,
+            target_logit: None,
             candidates: (0..kept + extra).map(|c| Candidate { logit: -(c as f32), token: c as u32 }).collect(),
         };
         let mut buf = Vec::new();
@@ -106,7 +108,7 @@ proptest! {
     /// Every row's sampling settings come back, each flag alone and both together.
     #[test]
     fn lm_head_dispatch_round_trips(
-        flags in prop::collection::vec((any::<bool>(), any::<bool>(), any::<u64>(), 0f32..4.0), 0..8),
+        flags in prop::collection::vec((any::<bool>(), any::<bool>(), any::<u64>(), 0f32..4.0, prop::option::of(any::<u32>())), 0..8),
         hidden in 1usize..20,
         k in 0usize..100,
     ) {
@@ -115,12 +117,13 @@ proptest! {
         let sampling: Vec<RowSampling> = flags
             .iter()
             .enumerate()
-            .map(|(i, &(logprobs, filtered, seed, temperature))| RowSampling {
+            .map(|(i, &(logprobs, filtered, seed, temperature, target))| RowSampling {
                 temperature,
                 seed,
                 position: 1000 + i as u64,
                 logprobs,
                 filtered,
+                target,
             })
             .collect();
         let mut buf = Vec::new();

@@ -34,7 +34,7 @@ pub use request::{
     FinishReason, NewRequest, RequestId, RequestStatus, SchedulerOutput, SchedulerStats,
     SequenceFailure, SequenceParams, TokenOutput,
 };
-use step::{AllowedTokens, MaskJob, StepEntry, StepOutput};
+use step::{AllowedTokens, MaskJob, PromptScoring, StepEntry, StepOutput};
 
 use crate::config::SchedulerConfig;
 use crate::error::Error;
@@ -148,6 +148,7 @@ impl Scheduler {
                 first_scheduled: None,
                 on_node: false,
                 num_preemptions: 0,
+                prompt_scores: Vec::new(),
             },
         );
         self.waiting.push_back(id);
@@ -263,7 +264,13 @@ impl Scheduler {
                     continue;
                 };
                 // Waiting requests hold no block (new, or preempted and released).
-                let hit = Self::take_cached_prefix(&mut self.blocks, seq);
+                // A prompt still to be scored computes every token: none comes from the cache.
+                let looked_up = self.blocks.prefix_caching() && !seq.scores_prompt();
+                let hit = if looked_up {
+                    Self::take_cached_prefix(&mut self.blocks, seq)
+                } else {
+                    0
+                };
                 let remaining = seq.tokens.len() - seq.num_computed;
                 let n = remaining.min(budget);
                 let fits = (self.config.enable_chunked_prefill || remaining <= budget)
@@ -277,7 +284,7 @@ impl Scheduler {
                     }
                     break;
                 }
-                if self.blocks.prefix_caching() {
+                if looked_up {
                     self.stats.prefix_cache_queries_total += seq.tokens.len() as u64;
                     self.stats.prefix_cache_hits_total += hit as u64;
                 }
@@ -317,6 +324,15 @@ impl Scheduler {
                 }
                 sample
             });
+            let prompt_logprobs = match seq.params.prompt_logprobs {
+                Some(top) if seq.scores_prompt() => PromptScoring::for_chunk(
+                    &seq.tokens[..seq.prompt_len],
+                    seq.num_computed,
+                    n,
+                    top,
+                ),
+                _ => None,
+            };
             out.batch.entries.push(StepEntry {
                 seq: id,
                 tokens: seq.tokens[seq.num_computed..end].to_vec(),
@@ -325,6 +341,7 @@ impl Scheduler {
                 block_table: seq.blocks.clone(),
                 sample,
                 cached_prefix,
+                prompt_logprobs,
             });
         }
         out.freed = self.take_freed();
@@ -345,6 +362,8 @@ impl Scheduler {
     ) -> (Vec<TokenOutput>, Vec<(RequestId, SequenceFailure)>) {
         let sampled: HashMap<u64, &step::SampledToken> =
             output.sampled.iter().map(|s| (s.seq, s)).collect();
+        let mut scored: HashMap<u64, &step::PromptLogprobs> =
+            output.prompt_logprobs.iter().map(|p| (p.seq, p)).collect();
         let mut tokens = Vec::new();
         let mut failed = Vec::new();
         self.stats.steps_total += 1;
@@ -365,6 +384,23 @@ impl Scheduler {
                 failed.push((id, SequenceFailure::NoToken));
                 continue;
             }
+            if let Some(asked) = &entry.prompt_logprobs {
+                let answer = scored.remove(&id);
+                let got = answer.map_or(0, |p| p.tokens.len());
+                if got != asked.next.len() {
+                    failed.push((
+                        id,
+                        SequenceFailure::PromptLogprobs {
+                            asked: asked.next.len(),
+                            got,
+                        },
+                    ));
+                    continue;
+                }
+                if let Some(p) = answer {
+                    seq.prompt_scores.extend(p.tokens.iter().cloned());
+                }
+            }
             self.blocks.cache_full_blocks(
                 &seq.blocks,
                 &seq.tokens[..seq.num_computed],
@@ -379,6 +415,9 @@ impl Scheduler {
                 failed.push((id, SequenceFailure::Constraint(e)));
                 continue;
             }
+            let prompt_logprobs = seq
+                .scores_prompt()
+                .then(|| std::mem::take(&mut seq.prompt_scores));
             if seq.num_output() == 0 {
                 self.stats.prompt_tokens_total += seq.prompt_len as u64;
             }
@@ -402,6 +441,7 @@ impl Scheduler {
                 first_scheduled: seq.first_scheduled.unwrap_or(now),
                 produced_at: now,
                 num_preemptions: seq.num_preemptions,
+                prompt_logprobs,
             });
             if finish.is_some() {
                 self.running.retain(|&r| r != id);
@@ -437,6 +477,8 @@ impl Scheduler {
         self.blocks.release(&mut seq.blocks);
         seq.block_hashes.clear();
         seq.num_computed = 0;
+        // Its prompt is computed, and scored, again from the start.
+        seq.prompt_scores.clear();
         seq.status = RequestStatus::Preempted;
         seq.num_preemptions += 1;
         if std::mem::take(&mut seq.on_node) {

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use step::{Constraint, MaskJob, SampleRequest, StepBatch};
+use step::{Constraint, MaskJob, SampleRequest, ScoredToken, StepBatch};
 
 use super::BlockHash;
 
@@ -22,6 +22,11 @@ pub struct SequenceParams {
     /// The grammar its output must follow (structured output), or `None`. The scheduler
     /// hands out a [`MaskJob`] for each step that samples it, and feeds it each sampled token.
     pub constraint: Option<Constraint>,
+    /// Score every prompt token after the first (prompt logprobs), with this many alternatives
+    /// per position; `None` for none. Such a request takes nothing from the prefix cache for
+    /// its prompt (the cached tokens would go unscored), and its scores come with its first
+    /// token ([`TokenOutput::prompt_logprobs`]).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// A request as the scheduler receives it.
@@ -66,6 +71,14 @@ pub enum SequenceFailure {
     /// The token sampled does not follow the output's grammar.
     #[error("the sampled token does not follow the requested output format: {0}")]
     Constraint(String),
+    /// It asked for prompt logprobs and the node returned fewer scores than prompt tokens.
+    #[error("the node returned {got} prompt logprobs for {asked} prompt tokens")]
+    PromptLogprobs {
+        /// Scores asked for in the step.
+        asked: usize,
+        /// Scores returned.
+        got: usize,
+    },
 }
 
 /// One generated token, as the scheduler reports it after a step.
@@ -87,6 +100,9 @@ pub struct TokenOutput {
     pub produced_at: Instant,
     /// How often the request has been preempted so far.
     pub num_preemptions: u32,
+    /// On the first token of a request that asked for prompt logprobs: the score of every
+    /// prompt token after the first, in order (`prompt_len - 1` of them). `None` otherwise.
+    pub prompt_logprobs: Option<Vec<ScoredToken>>,
 }
 
 /// One request's state inside the scheduler.
@@ -107,11 +123,19 @@ pub(crate) struct Sequence {
     /// The node holds state for this sequence (it has been in a step since its last reset).
     pub(crate) on_node: bool,
     pub(crate) num_preemptions: u32,
+    /// The prompt's scores gathered so far (prompt logprobs), until its first token.
+    pub(crate) prompt_scores: Vec<ScoredToken>,
 }
 
 impl Sequence {
     pub(crate) fn num_output(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// Whether its prompt is still to be scored: it asked for prompt logprobs and has no
+    /// output yet (a recompute after its first token scores nothing again).
+    pub(crate) fn scores_prompt(&self) -> bool {
+        self.params.prompt_logprobs.is_some() && self.num_output() == 0
     }
 }
 
@@ -205,6 +229,7 @@ mod tests {
             block_table: vec![0],
             sample: None,
             cached_prefix: Vec::new(),
+            prompt_logprobs: None,
         }
     }
 

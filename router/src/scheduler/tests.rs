@@ -6,7 +6,7 @@ use std::time::Instant;
 use model::sampling::SamplingParams;
 use proptest::prelude::*;
 use step::Penalties;
-use step::{AttentionNode, SampleRequest};
+use step::{AttentionNode, SampleRequest, ScoredToken};
 
 use super::*;
 use crate::fake::{FakeNode, FakeNodeConfig};
@@ -15,6 +15,7 @@ mod accounting;
 mod admission;
 mod constraints;
 mod prefix_caching;
+mod prompt_logprobs;
 
 fn config(max_num_seqs: usize, budget: usize, max_model_len: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -38,6 +39,7 @@ fn params(max_tokens: usize) -> SequenceParams {
         },
         stop_token_ids: Vec::new(),
         constraint: None,
+        prompt_logprobs: None,
     }
 }
 

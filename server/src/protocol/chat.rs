@@ -198,6 +198,9 @@ pub struct ChatCompletionResponse {
     /// The prompt's token ids (`return_token_ids`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// vLLM's `prompt_logprobs` of the rendered prompt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<super::prompt_logprobs::PromptLogprobsField>,
 }
 
 /// What changed in a streamed choice.
@@ -255,4 +258,7 @@ pub struct ChatCompletionChunk {
     /// The prompt's token ids, in the first chunk (`return_token_ids`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// vLLM's `prompt_logprobs`, in the first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<super::prompt_logprobs::PromptLogprobsField>,
 }

@@ -96,6 +96,9 @@ pub struct CompletionChoice {
     pub finish_reason: Option<&'static str>,
     /// The stop token or string that ended it (vLLM).
     pub stop_reason: Option<StopReason>,
+    /// vLLM's `prompt_logprobs`, on the choice's first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<super::prompt_logprobs::PromptLogprobsField>,
     /// The prompt's token ids (`return_token_ids`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,

@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod prompt_logprobs;
 pub mod responses;
 
 use serde::{Deserialize, Serialize};
@@ -94,6 +95,9 @@ pub struct CommonParams {
     pub guided_choice: Option<serde_json::Value>,
     /// Older vLLM's name for `structured_outputs.grammar`.
     pub guided_grammar: Option<serde_json::Value>,
+    /// vLLM's prompt logprobs: the logprob of every prompt token after the first, with this
+    /// many most likely alternatives per position (0..=`max_logprobs`).
+    pub prompt_logprobs: Option<i64>,
 }
 
 /// Token counts of a response.

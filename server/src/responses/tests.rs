@@ -198,6 +198,7 @@ fn delta(text: &str, n: usize, finish: Option<&'static str>) -> ChoiceDelta {
         }),
         first: n == 1,
         completion_tokens: n,
+        prompt_logprobs: None,
     }
 }
 

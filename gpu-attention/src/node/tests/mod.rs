@@ -165,6 +165,7 @@ impl CardFabric for MemoryCards {
                                     token: range.start + i as u32,
                                 })
                                 .collect(),
+                            target_logit: None,
                         }
                     })
                     .collect();
@@ -597,6 +598,7 @@ fn prefill(prompts: &[Vec<u32>], sample: impl Fn(usize) -> SampleRequest) -> Ste
                 block_table: (4 * i as u32..4 * i as u32 + 4).collect(),
                 sample: Some(sample(i)),
                 cached_prefix: Vec::new(),
+                prompt_logprobs: None,
             })
             .collect(),
     }

@@ -41,6 +41,7 @@ fn answer(out: &SchedulerOutput, token: impl Fn(RequestId) -> u32) -> StepOutput
                 top_logprobs: Vec::new(),
             })
             .collect(),
+        prompt_logprobs: Vec::new(),
     }
 }
 
