@@ -88,6 +88,9 @@ pub struct AttentionSection {
     /// Most tokens in one step (vLLM's `max_num_batched_tokens`); also sizes the cards'
     /// activation buffers. Default 512.
     pub max_num_batched_tokens: usize,
+    /// Reuse the KV blocks of prompt prefixes computed before (vLLM's automatic prefix
+    /// caching; `afd serve --no-enable-prefix-caching` turns it off). Default true.
+    pub enable_prefix_caching: bool,
     /// Dtype of hidden states on the wire: `f32` (exact) or `bf16` (half the bytes). Default `f32`.
     pub wire_dtype: WireDtype,
     /// Seconds to wait for a card's reply before failing the step. Default 30.
@@ -114,6 +117,7 @@ impl Default for AttentionSection {
             kv_cache_memory: None,
             block_size: 16,
             max_num_batched_tokens: 512,
+            enable_prefix_caching: true,
             wire_dtype: WireDtype::F32,
             reply_timeout_s: 30.0,
             host: "127.0.0.1".into(),

@@ -289,6 +289,9 @@ pub fn frontend_args(
         "--shutdown-timeout".into(),
         d.server.shutdown_timeout.to_string(),
     ];
+    if !d.attention.enable_prefix_caching {
+        args.push("--no-enable-prefix-caching".into());
+    }
     let served = d.model.served_name.clone().or_else(|| {
         Path::new(&paths.model)
             .file_name()
@@ -506,5 +509,23 @@ mod tests {
         let addresses = Addresses::from_deployment(&d).unwrap();
         let err = plan(&d, &addresses, &files()).unwrap_err().to_string();
         assert!(err.contains("model.path"), "{err}");
+    }
+
+    #[test]
+    fn prefix_caching_is_on_unless_the_deployment_turns_it_off() {
+        let frontend_of = |text: &str| {
+            let d = deployment(text);
+            let addresses = Addresses::from_deployment(&d).unwrap();
+            plan(&d, &addresses, &files())
+                .unwrap()
+                .processes
+                .pop()
+                .unwrap()
+        };
+        let flag = "--no-enable-prefix-caching".to_string();
+        assert!(!frontend_of(TEXT).args.contains(&flag));
+        let off = frontend_of(&format!("{TEXT}enable_prefix_caching = false\n"));
+        assert_eq!(off.role, Role::Frontend);
+        assert!(off.args.contains(&flag), "{:?}", off.args);
     }
 }

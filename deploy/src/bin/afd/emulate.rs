@@ -136,7 +136,7 @@ fn prepare(
             max_num_batched_tokens: d.attention.max_num_batched_tokens,
             max_model_len: d.attention.max_model_len,
             enable_chunked_prefill: true,
-            enable_prefix_caching: true,
+            enable_prefix_caching: d.attention.enable_prefix_caching,
         },
         max_waiting: d.server.max_waiting,
     };
