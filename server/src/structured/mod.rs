@@ -421,21 +421,37 @@ fn compact(schema: &Value) -> Value {
 /// Harmony's optional analysis message before the answer (Lark rules).
 const HARMONY_ANALYSIS: &str = "analysis: <|channel|> \"analysis\" <|message|> THINKING <|end|> <|start|> \"assistant\"\nTHINKING: /(.|\\n)*/\n";
 
+/// Lark rules: Qwen3's thought (optional, or already opened by the prompt), then `rule`.
+fn after_thought(opened: bool, rule: &str) -> String {
+    format!(
+        "start: {} NL* {rule}\n\
+         think: \"<think>\" thought\n\
+         thought[suffix=\"</think>\"]: /(.|\\n)*/\n\
+         NL: \"\\n\"\n",
+        if opened { "thought" } else { "think?" }
+    )
+}
+
 /// The whole grammar of the output.
 fn grammar(format: &OutputFormat, framing: Framing) -> TopLevelGrammar {
     match (framing, format) {
-        // Tool calls frame themselves.
+        // Qwen3 may think before its forced calls, as before any answer: the calls' grammar
+        // (whose rule `start` is renamed) after the optional `<think>...</think>`.
+        (Framing::Think { opened }, OutputFormat::ToolCalls(lark)) => {
+            TopLevelGrammar::from_lark(format!(
+                "{}{}",
+                after_thought(opened, "calls"),
+                lark.replacen("start:", "calls:", 1)
+            ))
+        }
+        // Other tool calls frame themselves (harmony's allow the analysis channel first).
         (_, OutputFormat::ToolCalls(lark)) | (Framing::Whole, OutputFormat::Grammar(lark)) => {
             TopLevelGrammar::from_lark(lark.clone())
         }
         (Framing::Whole, _) => TopLevelGrammar::from_lark(format!("start: {}\n", body(format))),
         (Framing::Think { opened }, _) => TopLevelGrammar::from_lark(format!(
-            "start: {} NL* body\n\
-             think: \"<think>\" thought\n\
-             thought[suffix=\"</think>\"]: /(.|\\n)*/\n\
-             NL: \"\\n\"\n\
-             body: {}\n",
-            if opened { "thought" } else { "think?" },
+            "{}body: {}\n",
+            after_thought(opened, "body"),
             body(format)
         )),
         (Framing::Harmony, _) => TopLevelGrammar::from_lark(format!(

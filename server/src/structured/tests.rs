@@ -211,3 +211,69 @@ fn bad_formats_are_400s_that_name_the_parameter() {
         Some(OutputFormat::JsonSchema(json!({"type": "integer"})))
     );
 }
+
+/// Qwen3's forced tool calls may follow a thought, as its answers do: after a thought (opened
+/// by the output, or by the prompt and closed by the output) or none, the output is Hermes
+/// calls of the named function whose arguments hold to its parameters; text that is neither a
+/// thought nor a call is refused. (The thought is fed as text: a random walk would not close it.)
+#[test]
+fn forced_qwen3_calls_may_think_first() {
+    let t = tokenizer("qwen3-moe");
+    let stops = t.eos_token_ids.clone();
+    let grammars = OutputGrammars::new(t.vocab_size(), &stops);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
+                       "required": ["city"], "additionalProperties": false}}}]);
+    let format = forced_calls(
+        &tools,
+        &crate::tools::ForcedCalls::Named("get_weather".into()),
+        crate::tool_parsing::ToolCallParserKind::Hermes,
+        false,
+        &t,
+    );
+    let cases = [
+        (false, "<think>Call it.</think>\n\n"),
+        // No thought: the walk starts at the call's marker (a random one could open a thought).
+        (false, "<tool_call>"),
+        (true, "Call it.</think>\n"),
+    ];
+    for (opened, thought) in cases {
+        let compiled = grammars
+            .compile(&t, &format, Framing::Think { opened })
+            .unwrap();
+        for seed in 0..4 {
+            let constraint = compiled.constraint();
+            let mut tokens = t.encode(thought, false).unwrap();
+            for &token in &tokens {
+                constraint
+                    .0
+                    .accept(token)
+                    .unwrap_or_else(|e| panic!("{thought:?}: {e}"));
+            }
+            tokens.extend(walk(&constraint, &stops, seed));
+            let text = t.decode(&tokens[..tokens.len() - 1], false).unwrap();
+            let after = text
+                .split_once("</think>")
+                .map_or(text.as_str(), |(_, rest)| rest);
+            let call = after
+                .trim_start_matches('\n')
+                .strip_prefix("<tool_call>\n")
+                .and_then(|c| c.strip_suffix("\n</tool_call>"))
+                .unwrap_or_else(|| panic!("not one Hermes call after {thought:?}: {text:?}"));
+            let v: Value = serde_json::from_str(call).unwrap_or_else(|e| panic!("{call:?}: {e}"));
+            assert_eq!(v["name"], "get_weather");
+            assert!(
+                v["arguments"]["city"].as_str().unwrap().chars().count() <= 6,
+                "{v}"
+            );
+        }
+    }
+    let compiled = grammars
+        .compile(&t, &format, Framing::Think { opened: false })
+        .unwrap();
+    let plain = t.encode("Sure", false).unwrap();
+    assert!(
+        compiled.constraint().0.accept(plain[0]).is_err(),
+        "text before the call that is not a thought"
+    );
+}
