@@ -58,13 +58,6 @@ impl IdleState {
     fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }
-
-    fn quiet_for(&self) -> Duration {
-        Duration::from_nanos(
-            self.now()
-                .saturating_sub(self.last_left.load(Ordering::Relaxed)),
-        )
-    }
 }
 
 /// A thread inside [`EndpointRuntime::block_on`]: counted from its arrival until it leaves,
@@ -180,6 +173,31 @@ impl Drop for EndpointRuntime {
     }
 }
 
+/// What the idle driver does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdleMove {
+    /// Look again after this long: a caller drives the runtime, or the endpoint has not been
+    /// left alone for [`EndpointRuntime::IDLE_AFTER`] yet.
+    LookAgainIn(Duration),
+    /// Take the runtime over until a caller asks for it back.
+    TakeOver,
+}
+
+/// The idle driver's decision (its I/O-free core): `callers` inside `block_on` now, the last
+/// one left at `last_left` and it is `now` (nanoseconds on the runtime's clock). The caller
+/// reads the clock; this only decides, so its timing is tested without sleeping.
+fn next_move(callers: usize, last_left: u64, now: u64) -> IdleMove {
+    if callers > 0 {
+        // A caller drives the runtime for as long as it waits, however long that is.
+        return IdleMove::LookAgainIn(EndpointRuntime::IDLE_AFTER);
+    }
+    let quiet = Duration::from_nanos(now.saturating_sub(last_left));
+    match EndpointRuntime::IDLE_AFTER.checked_sub(quiet) {
+        Some(left) if !left.is_zero() => IdleMove::LookAgainIn(left),
+        _ => IdleMove::TakeOver,
+    }
+}
+
 /// The idle driver: takes the runtime over once nobody has called for [`IDLE_AFTER`], until a
 /// caller arrives.
 ///
@@ -187,14 +205,10 @@ impl Drop for EndpointRuntime {
 fn drive_while_idle(runtime: &tokio::runtime::Runtime, idle: &IdleState) {
     while !idle.stop.load(Ordering::SeqCst) {
         idle.rounds.fetch_add(1, Ordering::Relaxed);
-        if idle.callers.load(Ordering::SeqCst) > 0 {
-            // A caller drives the runtime for as long as it waits, however long that is.
-            std::thread::park_timeout(EndpointRuntime::IDLE_AFTER);
-            continue;
-        }
-        let quiet = idle.quiet_for();
-        if quiet < EndpointRuntime::IDLE_AFTER {
-            std::thread::park_timeout(EndpointRuntime::IDLE_AFTER - quiet);
+        let callers = idle.callers.load(Ordering::SeqCst);
+        let last_left = idle.last_left.load(Ordering::Relaxed);
+        if let IdleMove::LookAgainIn(wait) = next_move(callers, last_left, idle.now()) {
+            std::thread::park_timeout(wait);
             continue;
         }
         idle.driving.store(true, Ordering::SeqCst);
@@ -211,6 +225,36 @@ fn drive_while_idle(runtime: &tokio::runtime::Runtime, idle: &IdleState) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// The decision at given times, no clock read: a caller present defers a whole period;
+    /// otherwise the driver waits out exactly what is left of the quiet period (counted from
+    /// the last caller's departure) and takes over at its end or after, never before.
+    #[test]
+    fn the_idle_driver_takes_over_exactly_when_the_endpoint_has_been_quiet_long_enough() {
+        let after = EndpointRuntime::IDLE_AFTER;
+        assert_eq!(next_move(1, 0, 10_000 * MS), IdleMove::LookAgainIn(after));
+        assert_eq!(next_move(3, 5 * MS, 5 * MS), IdleMove::LookAgainIn(after));
+        let left = 1_000 * MS;
+        assert_eq!(next_move(0, left, left), IdleMove::LookAgainIn(after));
+        assert_eq!(
+            next_move(0, left, left + 7 * MS),
+            IdleMove::LookAgainIn(after - Duration::from_millis(7))
+        );
+        assert_eq!(
+            next_move(0, left, left + after.as_nanos() as u64 - 1),
+            IdleMove::LookAgainIn(Duration::from_nanos(1))
+        );
+        assert_eq!(
+            next_move(0, left, left + after.as_nanos() as u64),
+            IdleMove::TakeOver
+        );
+        assert_eq!(next_move(0, left, left + 60_000 * MS), IdleMove::TakeOver);
+        // A departure stamped after `now` (another thread's clock read raced this one) is
+        // a fresh departure, not an underflow.
+        assert_eq!(next_move(0, left + MS, left), IdleMove::LookAgainIn(after));
+    }
 
     #[test]
     fn spawned_tasks_run_while_nobody_calls() {
