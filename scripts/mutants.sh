@@ -34,7 +34,7 @@ area() {
       router/src/scheduler/request.rs); tests=(--lib) ;;
     step) pkg=step; files=(step/src/lib.rs step/src/clock.rs step/src/health.rs step/src/replicas.rs)
       tests=() ;;
-    merge-dispatch) pkg=gpu-attention; files=(gpu-attention/src/merge/mod.rs
+    merge-dispatch) pkg=gpu-attention; files=(gpu-attention/src/merge/mod.rs gpu-attention/src/merge/score.rs
       gpu-attention/src/merge/filtered.rs gpu-attention/src/dispatch.rs); tests=(--lib) ;;
     compiler) pkg=corsair-ffn; files=(corsair-ffn/src/compiler/mod.rs corsair-ffn/src/compiler/emit.rs
       corsair-ffn/src/compiler/memory.rs corsair-ffn/src/compiler/tiling.rs); tests=(--lib) ;;
