@@ -6,7 +6,8 @@
 use std::collections::HashSet;
 
 use step::{
-    AttentionNode, KvCapacity, SampledToken, SeqId, StepBatch, StepError, StepOutput, StepRouting,
+    AttentionNode, InvalidStep, KvCapacity, SampledToken, SeqId, StepBatch, StepError, StepOutput,
+    StepRouting,
 };
 
 use crate::routing::RoutingGenerator;
@@ -46,18 +47,17 @@ impl AttentionNode for SyntheticNode {
         let mut seen = HashSet::with_capacity(batch.entries.len());
         for e in &batch.entries {
             if !seen.insert(e.seq) {
-                return Err(StepError::Invalid(format!(
-                    "sequence {} appears twice in one step",
-                    e.seq
-                )));
+                return Err(InvalidStep::DuplicateSequence { seq: e.seq }.into());
             }
             let blocks = (e.start + e.tokens.len()).div_ceil(self.kv.block_size.max(1));
             if e.block_table.len() < blocks {
-                return Err(StepError::Invalid(format!(
-                    "sequence {} needs {blocks} KV blocks but has {}",
-                    e.seq,
-                    e.block_table.len()
-                )));
+                return Err(InvalidStep::TooFewBlocks {
+                    seq: e.seq,
+                    needed: blocks,
+                    tokens: e.start + e.tokens.len(),
+                    got: e.block_table.len(),
+                }
+                .into());
             }
             self.known.insert(e.seq);
         }

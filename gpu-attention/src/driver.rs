@@ -4,7 +4,9 @@
 
 use model::generate::{FinishReason, Generation, GenerationRequest};
 
-use step::{AttentionNode, Penalties, SampleRequest, SeqId, StepBatch, StepEntry, StepError};
+use step::{
+    AttentionNode, InvalidStep, Penalties, SampleRequest, SeqId, StepBatch, StepEntry, StepError,
+};
 
 /// Generates every request together; sequence ids are `first_seq + i`. Blocks are handed out
 /// contiguously; the node's cache must hold every prompt plus its `max_tokens`. Each prompt
@@ -27,9 +29,10 @@ pub fn generate_in_chunks(
     max_step_tokens: usize,
 ) -> Result<Vec<Generation>, StepError> {
     if max_step_tokens == 0 {
-        return Err(StepError::Invalid(
+        return Err(InvalidStep::Setup(
             "a step must take at least one token (raise --max-num-batched-tokens)".into(),
-        ));
+        )
+        .into());
     }
     let capacity = node.kv_capacity();
     let bs = capacity.block_size;
@@ -37,16 +40,16 @@ pub fn generate_in_chunks(
     let mut tables = Vec::with_capacity(requests.len());
     for (i, r) in requests.iter().enumerate() {
         if r.prompt.is_empty() {
-            return Err(StepError::Invalid(format!(
-                "request {i} has an empty prompt"
-            )));
+            return Err(InvalidStep::EmptyPrompt { request: i }.into());
         }
         let blocks = (r.prompt.len() + r.max_tokens).div_ceil(bs) as u32;
         if (next_block + blocks) as usize > capacity.num_blocks {
-            return Err(StepError::Invalid(format!(
-                "the KV cache holds {} blocks of {bs} tokens; these requests need more (raise --kv-cache-memory or lower --max-tokens)",
+            return Err(InvalidStep::Setup(format!(
+                "the KV cache holds {} blocks of {bs} tokens; these requests need more (raise \
+                 --kv-cache-memory or lower --max-tokens)",
                 capacity.num_blocks
-            )));
+            ))
+            .into());
         }
         tables.push((next_block..next_block + blocks).collect::<Vec<u32>>());
         next_block += blocks;

@@ -15,7 +15,7 @@ use jetstream::{
 };
 use proto::data::{HEADER_LEN, Immediate};
 
-use step::StepError;
+use step::{InvalidStep, StepError};
 
 /// Micro-batch slots per inbox and reply region.
 pub const SLOTS: usize = 2;
@@ -179,11 +179,11 @@ impl CardFabric for JetstreamFabric {
             .get(card)
             .ok_or_else(|| card_error("no inbox: the card has not loaded its shard".into()))?;
         if message.len() > self.sizes.inbox {
-            return Err(StepError::Invalid(format!(
-                "a {}-byte message does not fit the {}-byte inbox slot (raise max_tokens)",
-                message.len(),
-                self.sizes.inbox
-            )));
+            return Err(InvalidStep::MessageTooLarge {
+                bytes: message.len(),
+                slot: self.sizes.inbox,
+            }
+            .into());
         }
         let offset = (micro_batch as usize * self.sizes.inbox) as u64;
         let len = message.len() as u64;
@@ -222,10 +222,10 @@ impl CardFabric for JetstreamFabric {
             .card_index
             .get(completion.peer.as_ref())
             .ok_or_else(|| {
-                StepError::Invalid(format!(
-                    "a reply came from unknown node {}",
+                StepError::from(InvalidStep::Setup(format!(
+                    "a reply came from unknown node {}: the fabric does not connect it",
                     completion.peer
-                ))
+                )))
             })?;
         let bytes = {
             let view =

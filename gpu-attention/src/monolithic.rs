@@ -13,9 +13,12 @@ use crate::merge::score_full_row;
 use crate::prefix::FilledBlocks;
 use crate::sampler::{RowToSample, TokenHistory, record_tokens, sample_rows};
 use step::{
-    AttentionNode, KvCapacity, PromptLogprobs, PromptScoring, SeqId, StepBatch, StepError,
-    StepOutput,
+    AttentionNode, InvalidStep, KvCapacity, PromptLogprobs, PromptScoring, SeqId, StepBatch,
+    StepError, StepOutput,
 };
+
+/// Most alternatives per sampled token a node returns (OpenAI's limit).
+const MAX_TOP_LOGPROBS: usize = 20;
 
 /// The reference model as an attention node.
 #[derive(Debug)]
@@ -53,16 +56,10 @@ pub(crate) fn validate_batch(
     let mut seen = std::collections::HashSet::new();
     for e in &batch.entries {
         if !seen.insert(e.seq) {
-            return Err(StepError::Invalid(format!(
-                "sequence {} appears twice in one step",
-                e.seq
-            )));
+            return Err(InvalidStep::DuplicateSequence { seq: e.seq }.into());
         }
         if e.tokens.is_empty() {
-            return Err(StepError::Invalid(format!(
-                "sequence {} has no new tokens",
-                e.seq
-            )));
+            return Err(InvalidStep::NoNewTokens { seq: e.seq }.into());
         }
         let cached = if e.cached_prefix.is_empty() {
             cached_len(e.seq)
@@ -70,49 +67,52 @@ pub(crate) fn validate_batch(
             match filled {
                 Some(filled) => filled.check(e)?,
                 None => {
-                    return Err(StepError::Invalid(format!(
-                        "sequence {} comes with a cached prefix, but this node keeps each                          sequence's keys and values apart and cannot share blocks",
-                        e.seq
-                    )));
+                    return Err(InvalidStep::BlocksNotShared { seq: e.seq }.into());
                 }
             }
             e.cached_prefix.len()
         };
         if e.start != cached {
-            return Err(StepError::Invalid(format!(
-                "sequence {} starts at {} but {} tokens are cached",
-                e.seq, e.start, cached
-            )));
+            return Err(InvalidStep::StartMismatch {
+                seq: e.seq,
+                start: e.start,
+                cached,
+            }
+            .into());
         }
         let needed = (e.start + e.tokens.len()).div_ceil(capacity.block_size);
         if e.block_table.len() < needed {
-            return Err(StepError::Invalid(format!(
-                "sequence {} needs {needed} KV blocks for {} tokens, got {}",
-                e.seq,
-                e.start + e.tokens.len(),
-                e.block_table.len()
-            )));
+            return Err(InvalidStep::TooFewBlocks {
+                seq: e.seq,
+                needed,
+                tokens: e.start + e.tokens.len(),
+                got: e.block_table.len(),
+            }
+            .into());
         }
         if let Some(b) = e
             .block_table
             .iter()
             .find(|&&b| b as usize >= capacity.num_blocks)
         {
-            return Err(StepError::Invalid(format!(
-                "sequence {} uses KV block {b}, the cache has {}",
-                e.seq, capacity.num_blocks
-            )));
+            return Err(InvalidStep::UnknownBlock {
+                seq: e.seq,
+                block: *b,
+                num_blocks: capacity.num_blocks,
+            }
+            .into());
         }
         if let Some(p) = &e.prompt_logprobs {
             p.check(e.seq, e.tokens.len())?;
         }
         if let Some(s) = &e.sample
-            && s.top_logprobs > 20
+            && s.top_logprobs > MAX_TOP_LOGPROBS
         {
-            return Err(StepError::Invalid(format!(
-                "top_logprobs {} exceeds 20",
-                s.top_logprobs
-            )));
+            return Err(InvalidStep::TooManyTopLogprobs {
+                asked: s.top_logprobs,
+                max: MAX_TOP_LOGPROBS,
+            }
+            .into());
         }
     }
     Ok(())
@@ -131,11 +131,12 @@ pub(crate) fn score_prompt(
         .iter()
         .zip(rows.chunks_exact(vocab.max(1)))
         .map(|(&target, row)| {
-            score_full_row(row, target, scoring.top_logprobs).ok_or_else(|| {
-                StepError::Invalid(format!(
-                    "sequence {seq}: prompt token {target} is outside the vocabulary of {vocab}"
-                ))
-            })
+            score_full_row(row, target, scoring.top_logprobs).ok_or(StepError::from(
+                InvalidStep::TokenOutOfRange {
+                    token: target,
+                    vocab,
+                },
+            ))
         })
         .collect::<Result<Vec<_>, _>>()?;
     if tokens.len() != scoring.next.len() {

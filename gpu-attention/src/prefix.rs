@@ -5,7 +5,7 @@
 //! never filled: after a restart (a remote node that came back) every block is empty, and a
 //! router that still trusted its prefix cache would get a wrong answer instead of an error.
 
-use step::{KvCapacity, StepBatch, StepEntry, StepError};
+use step::{InvalidStep, KvCapacity, StepBatch, StepEntry, StepError};
 
 /// Which KV blocks this node has filled to their last slot since it started.
 #[derive(Debug, Clone)]
@@ -28,22 +28,23 @@ impl FilledBlocks {
         let n = e.cached_prefix.len();
         let blocks = n / self.block_size;
         if !n.is_multiple_of(self.block_size) || e.start != n || e.block_table.len() < blocks {
-            return Err(StepError::Invalid(format!(
-                "sequence {}: a cached prefix of {n} tokens starting a step at {} is not whole \
-                 blocks of {} tokens of its table",
-                e.seq, e.start, self.block_size
-            )));
+            return Err(InvalidStep::CachedPrefixNotWholeBlocks {
+                seq: e.seq,
+                tokens: n,
+                start: e.start,
+                block_size: self.block_size,
+            }
+            .into());
         }
         let unfilled = e.block_table[..blocks]
             .iter()
             .find(|&&b| !self.full.get(b as usize).copied().unwrap_or(false));
         if let Some(b) = unfilled {
-            return Err(StepError::Invalid(format!(
-                "sequence {}: its cached prefix names KV block {b}, which this node has not \
-                 filled (did the node restart?); the router forgets its prefix cache after a \
-                 failed step",
-                e.seq
-            )));
+            return Err(InvalidStep::CachedBlockNotFilled {
+                seq: e.seq,
+                block: *b,
+            }
+            .into());
         }
         Ok(())
     }

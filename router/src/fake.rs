@@ -17,8 +17,8 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use step::{
-    AttentionNode, KvCapacity, PromptLogprobs, SampleRequest, SampledToken, ScoredToken, SeqId,
-    StepBatch, StepError, StepOutput,
+    AttentionNode, InvalidStep, KvCapacity, PromptLogprobs, SampleRequest, SampledToken,
+    ScoredToken, SeqId, StepBatch, StepError, StepOutput,
 };
 
 /// Pauses a [`FakeNode`] between steps, so tests can hold requests in place deterministically.
@@ -174,26 +174,29 @@ impl FakeNode {
             return Ok(());
         }
         if !self.config.shares_kv_blocks {
-            return Err(StepError::Invalid(format!(
-                "sequence {} comes with a cached prefix, but this node does not share blocks",
-                e.seq
-            )));
+            return Err(InvalidStep::BlocksNotShared { seq: e.seq }.into());
         }
         if !n.is_multiple_of(self.config.block_size)
             || e.block_table.len() * self.config.block_size < n
         {
-            return Err(StepError::Invalid(format!(
-                "sequence {}: a cached prefix of {n} tokens is not whole blocks of its table",
-                e.seq
-            )));
+            return Err(InvalidStep::CachedPrefixNotWholeBlocks {
+                seq: e.seq,
+                tokens: n,
+                start: e.start,
+                block_size: self.config.block_size,
+            }
+            .into());
         }
         for (p, &t) in e.cached_prefix.iter().enumerate() {
             let held = self.slots[self.slot(&e.block_table, p)];
             if held != t {
-                return Err(StepError::Invalid(format!(
-                    "sequence {}: cached position {p} holds token {held}, not {t}",
-                    e.seq
-                )));
+                return Err(InvalidStep::CachedTokenMismatch {
+                    seq: e.seq,
+                    position: p,
+                    held,
+                    token: t,
+                }
+                .into());
             }
         }
         Ok(())
@@ -231,32 +234,43 @@ impl AttentionNode for FakeNode {
                 .get(&e.seq)
                 .map_or(e.cached_prefix.len(), |(len, _)| *len);
             if e.start != known {
-                return Err(StepError::Invalid(format!(
-                    "sequence {} starts at {} but {known} of its tokens are cached",
-                    e.seq, e.start
-                )));
+                return Err(InvalidStep::StartMismatch {
+                    seq: e.seq,
+                    start: e.start,
+                    cached: known,
+                }
+                .into());
             }
             let end = e.start + e.tokens.len();
             if e.block_table.len() * self.config.block_size < end {
-                return Err(StepError::Invalid(format!(
-                    "sequence {} has {} blocks for {end} tokens",
-                    e.seq,
-                    e.block_table.len()
-                )));
+                return Err(InvalidStep::TooFewBlocks {
+                    seq: e.seq,
+                    needed: end.div_ceil(self.config.block_size),
+                    tokens: end,
+                    got: e.block_table.len(),
+                }
+                .into());
             }
             self.check_cached_prefix(e)?;
             let bs = self.config.block_size;
             let written = e.start / bs..end.div_ceil(bs);
             for (i, &b) in e.block_table.iter().enumerate() {
                 let Some(holders) = self.holders.get(b as usize) else {
-                    return Err(StepError::Invalid(format!("block {b} does not exist")));
+                    return Err(InvalidStep::UnknownBlock {
+                        seq: e.seq,
+                        block: b,
+                        num_blocks: self.holders.len(),
+                    }
+                    .into());
                 };
                 let other = holders.iter().find(|&&s| s != e.seq);
                 if let (true, Some(other)) = (written.contains(&i), other) {
-                    return Err(StepError::Invalid(format!(
-                        "block {b} of live sequence {other} written by sequence {}",
-                        e.seq
-                    )));
+                    return Err(InvalidStep::BlockOfAnother {
+                        seq: e.seq,
+                        block: b,
+                        holder: *other,
+                    }
+                    .into());
                 }
             }
             for &b in &e.block_table {

@@ -1,6 +1,7 @@
 //! The step API of one attention node: what the router drives, in process or over tonic.
 //!
-//! Owns the types a step is made of ([`StepBatch`], [`StepEntry`], [`StepOutput`], ...), the
+//! Owns the types a step is made of ([`StepBatch`], [`StepEntry`], [`StepOutput`], ...) and what
+//! can go wrong in one ([`StepError`], with the typed causes of a refused batch: [`InvalidStep`]), the
 //! [`AttentionNode`] trait, the micro-batch setting ([`MicroBatches`]), the [`Clock`] serving
 //! reads and what a modeled clock needs of a step ([`clock`]), [`compute::on_own_pool`], which
 //! puts the thread that steps a node at the head of its own compute pool, and
@@ -22,12 +23,14 @@
 pub mod clock;
 pub mod compute;
 pub mod constraint;
+mod error;
 pub mod health;
 pub mod prompt_logprobs;
 pub mod replicas;
 
 pub use clock::{Clock, StepRouting, StepTimer, WallClock};
 pub use constraint::{AllowedTokens, Constraint, MaskJob, TokenConstraint, TokenMask};
+pub use error::{InvalidStep, StepError};
 pub use health::{CardHealth, CardState, HealthSource, NodeHealth};
 pub use prompt_logprobs::{PromptLogprobs, PromptScoring, ScoredToken};
 
@@ -199,49 +202,6 @@ pub struct KvCapacity {
     pub block_size: usize,
     /// Blocks in the cache (ids `0..num_blocks`).
     pub num_blocks: usize,
-}
-
-/// Errors of a step. The router treats them as fatal for the step's sequences.
-#[derive(Debug, thiserror::Error)]
-pub enum StepError {
-    /// The batch itself is inconsistent (unknown block, wrong start, duplicate sequence, ...).
-    #[error("invalid step: {0}")]
-    Invalid(String),
-    /// A card did not answer in time or went away.
-    #[error("card {card} failed: {message}")]
-    Card {
-        /// The card's index.
-        card: usize,
-        /// What happened.
-        message: String,
-    },
-    /// No card replied within the wait: which card is at fault is for the caller, who knows whom
-    /// it waits for, to say (it reports [`StepError::Card`] for them).
-    #[error("no card replied within {waited:?}: {reason}")]
-    NoReply {
-        /// How long the node waited.
-        waited: std::time::Duration,
-        /// What the transport said.
-        reason: String,
-    },
-    /// The model computation found something it cannot compute (a missing layer part, no
-    /// token sampled, ...).
-    #[error("model error: {0}")]
-    Model(String),
-    /// A tensor operation of the model computation failed (a model or candle error, kept as
-    /// the cause; `step` names no numerics crate, so it is boxed).
-    #[error("model error: {0}")]
-    Compute(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// The node is unreachable (remote nodes).
-    #[error("attention node unavailable: {0}")]
-    Unavailable(String),
-}
-
-impl StepError {
-    /// A failed tensor operation of the model computation, keeping the error as the cause.
-    pub fn compute(e: impl std::error::Error + Send + Sync + 'static) -> Self {
-        StepError::Compute(Box::new(e))
-    }
 }
 
 /// One attention node, driven by the router one step at a time.

@@ -6,7 +6,7 @@
 //! each new token. The node scores those rows from the same logits it samples from, unfiltered
 //! and at temperature 1, and returns one [`PromptLogprobs`] per entry that asked.
 
-use crate::SeqId;
+use crate::{InvalidStep, SeqId};
 
 /// Most alternatives a scored position may ask for (as for sampled tokens).
 pub const MAX_PROMPT_TOP_LOGPROBS: usize = 20;
@@ -41,17 +41,19 @@ impl PromptScoring {
     /// Checks the request against the entry it rides on (`new_tokens` of them).
     pub fn check(&self, seq: SeqId, new_tokens: usize) -> Result<(), crate::StepError> {
         if self.next.is_empty() || self.next.len() > new_tokens {
-            return Err(crate::StepError::Invalid(format!(
-                "sequence {seq} asks to score {} prompt tokens after {new_tokens} new tokens",
-                self.next.len()
-            )));
+            return Err(InvalidStep::PromptScoring {
+                seq,
+                scored: self.next.len(),
+                new_tokens,
+            }
+            .into());
         }
         if self.top_logprobs > MAX_PROMPT_TOP_LOGPROBS {
-            return Err(crate::StepError::Invalid(format!(
-                "sequence {seq} asks for {} prompt alternatives; at most \
-                 {MAX_PROMPT_TOP_LOGPROBS}",
-                self.top_logprobs
-            )));
+            return Err(InvalidStep::TooManyTopLogprobs {
+                asked: self.top_logprobs,
+                max: MAX_PROMPT_TOP_LOGPROBS,
+            }
+            .into());
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use candle_core::DType;
 use model::ModelWeights;
 use model::forward::rope::Rope;
-use step::{AttentionNode, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+use step::{AttentionNode, InvalidStep, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
 
 use super::inputs::SpanInput;
 use super::node::DeviceCompute;
@@ -41,9 +41,9 @@ impl DeviceMonolithicNode {
     ) -> Result<Self, StepError> {
         let dev = device
             .open()
-            .map_err(|e| StepError::Invalid(e.to_string()))?
+            .map_err(|e| InvalidStep::Setup(e.to_string()))?
             .ok_or_else(|| {
-                StepError::Invalid(
+                InvalidStep::Setup(
                     "the device baseline needs --device cuda (or candle-cpu); the CPU's \
                      baseline is the reference forward"
                         .into(),
@@ -94,10 +94,11 @@ impl AttentionNode for DeviceMonolithicNode {
         let mut last_rows = Vec::new();
         for e in &batch.entries {
             if let Some(&t) = e.tokens.iter().find(|&&t| t as usize >= self.vocab) {
-                return Err(StepError::Invalid(format!(
-                    "token id {t} is out of range: the vocabulary has {} entries",
-                    self.vocab
-                )));
+                return Err(InvalidStep::TokenOutOfRange {
+                    token: t,
+                    vocab: self.vocab,
+                }
+                .into());
             }
             spans.push(SpanInput {
                 tokens: &e.tokens,

@@ -13,7 +13,7 @@ use model::forward::moe::route;
 use model::forward::{LmHead, embed, ops};
 use model::weights::{FfnWeights, Linear};
 use model::{ModelConfig, ModelWeights, WeightMatrix};
-use step::{KvCapacity, SeqId, StepError};
+use step::{InvalidStep, KvCapacity, SeqId, StepError};
 
 use super::pipeline::MicroBatch;
 use crate::device::inputs::{MbInputs, SpanInput};
@@ -55,14 +55,15 @@ impl Compute {
         let config = &weights.config;
         let Some(dev) = device
             .open()
-            .map_err(|e| StepError::Invalid(e.to_string()))?
+            .map_err(|e| InvalidStep::Setup(e.to_string()))?
         else {
             if kv.gpu_memory_utilization.is_some() {
-                return Err(StepError::Invalid(
+                return Err(InvalidStep::Setup(
                     "--gpu-memory-utilization sizes the KV cache of a GPU; with --device cpu \
                      give --kv-cache-memory instead"
                         .into(),
-                ));
+                )
+                .into());
             }
             return HostCompute::new(weights, kv).map(|h| Compute::Host(Box::new(h)));
         };
@@ -99,15 +100,15 @@ impl Compute {
         rope: &model::forward::rope::RopeTables,
     ) -> Result<(Tensor, Option<MbInputs>), StepError> {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= config.vocab_size) {
-            return Err(StepError::Invalid(format!(
-                "token id {t} is out of range: the vocabulary has {} entries",
-                config.vocab_size
-            )));
+            return Err(InvalidStep::TokenOutOfRange {
+                token: t,
+                vocab: config.vocab_size,
+            }
+            .into());
         }
         match self {
             Compute::Host(h) => {
-                let rows =
-                    embed(&h.embed, tokens).map_err(|e| StepError::Invalid(e.to_string()))?;
+                let rows = embed(&h.embed, tokens).map_err(StepError::compute)?;
                 let x = Tensor::from_vec(rows, (tokens.len(), config.hidden_size), &Device::Cpu)
                     .map_err(StepError::compute)?;
                 Ok((x, None))
@@ -132,7 +133,7 @@ impl Compute {
             Compute::Host(h) => h.attention(config, layer, mb, tables),
             Compute::Device(d) => {
                 let inputs = mb.device.as_ref().ok_or_else(|| {
-                    StepError::Invalid("a micro-batch without its device inputs".into())
+                    StepError::Model("a micro-batch without its device inputs".into())
                 })?;
                 d.attention(layer, &mut mb.x, inputs)
                     .map_err(StepError::compute)

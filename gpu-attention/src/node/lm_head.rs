@@ -17,8 +17,8 @@ use crate::merge::{
 };
 use crate::sampler::sample_row;
 use step::{
-    PromptLogprobs, SampleRequest, SampledToken, ScoredToken, StepBatch, StepEntry, StepError,
-    StepOutput,
+    InvalidStep, PromptLogprobs, SampleRequest, SampledToken, ScoredToken, StepBatch, StepEntry,
+    StepError, StepOutput,
 };
 
 /// Immediate layer code of the full-logits round (distinct from the proposals round).
@@ -386,12 +386,12 @@ impl DisaggregatedNode {
                         target,
                         top_logprobs,
                     } => {
-                        let t = score_full_row(&logits, target, top_logprobs).ok_or_else(|| {
-                            StepError::Invalid(format!(
-                                "sequence {}: prompt token {target} is outside the vocabulary                                  of {vocab}",
-                                entry.seq
-                            ))
-                        })?;
+                        let t = score_full_row(&logits, target, top_logprobs).ok_or(
+                            InvalidStep::TokenOutOfRange {
+                                token: target,
+                                vocab,
+                            },
+                        )?;
                         answers.scored.entry(row.entry).or_default().put(r, t);
                         continue;
                     }

@@ -32,7 +32,8 @@ use compute::Compute;
 use overlap::OverlapTuner;
 pub use step::MicroBatches;
 use step::{
-    AttentionNode, HealthSource, KvCapacity, SeqId, StepBatch, StepError, StepOutput, StepRouting,
+    AttentionNode, HealthSource, InvalidStep, KvCapacity, SeqId, StepBatch, StepError, StepOutput,
+    StepRouting,
 };
 
 /// Settings of one attention node.
@@ -223,11 +224,12 @@ impl DisaggregatedNode {
     ) -> Result<Self, StepError> {
         let config = weights.config.clone();
         if layout.placement.cards() != fabric.cards() || layout.lm_head.len() != fabric.cards() {
-            return Err(StepError::Invalid(format!(
+            return Err(InvalidStep::Setup(format!(
                 "the card layout describes {} cards but the fabric connects {}",
                 layout.placement.cards(),
                 fabric.cards()
-            )));
+            ))
+            .into());
         }
         let compute = Compute::new(weights, &node.kv, node.device)?;
         let filled = FilledBlocks::new(compute.capacity());
@@ -388,7 +390,9 @@ fn compute_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, StepError> {
         })
         .build()
         .map(Arc::new)
-        .map_err(|e| StepError::Invalid(format!("cannot start {threads} attention threads: {e}")))
+        .map_err(|e| {
+            InvalidStep::Setup(format!("cannot start {threads} attention threads: {e}")).into()
+        })
 }
 
 impl AttentionNode for DisaggregatedNode {

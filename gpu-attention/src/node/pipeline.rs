@@ -19,7 +19,7 @@ use crate::dispatch::{DispatchPlan, plan_dispatch};
 use crate::fabric::Reply;
 use crate::monolithic::validate_batch;
 use crate::sampler::record_tokens;
-use step::{SeqId, StepBatch, StepError, StepOutput};
+use step::{InvalidStep, SeqId, StepBatch, StepError, StepOutput};
 
 /// One micro-batch's state through the layers.
 pub(super) struct MicroBatch {
@@ -76,10 +76,11 @@ impl DisaggregatedNode {
         for mb in &mbs {
             let rows = mb.positions.len();
             if rows > self.node.max_tokens {
-                return Err(StepError::Invalid(format!(
-                    "a micro-batch of {rows} tokens exceeds the node's max_tokens {}",
-                    self.node.max_tokens
-                )));
+                return Err(InvalidStep::TooManyTokens {
+                    rows,
+                    max_tokens: self.node.max_tokens,
+                }
+                .into());
             }
         }
         let tables: HashMap<SeqId, (&[u32], usize)> = batch

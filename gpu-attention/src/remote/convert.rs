@@ -3,9 +3,9 @@
 use model::sampling::SamplingParams;
 use proto::control as pb;
 use step::{
-    AllowedTokens, CardHealth, CardState, NodeHealth, Penalties, PromptLogprobs, PromptScoring,
-    SampleRequest, SampledToken, ScoredToken, SeqId, StepBatch, StepEntry, StepError, StepOutput,
-    TokenMask,
+    AllowedTokens, CardHealth, CardState, InvalidStep, NodeHealth, Penalties, PromptLogprobs,
+    PromptScoring, SampleRequest, SampledToken, ScoredToken, SeqId, StepBatch, StepEntry,
+    StepError, StepOutput, TokenMask,
 };
 
 /// Wire form of a batch. A constrained row's mask is waited for here (up to
@@ -89,11 +89,13 @@ fn sample_from_pb(seq: SeqId, s: pb::SamplingParams) -> Result<SampleRequest, St
             let len = s.allowed_len as usize;
             let expected = len.div_ceil(64) * 8;
             if bytes.len() != expected {
-                return Err(StepError::Invalid(format!(
-                    "sequence {seq}: the allowed-token mask over {len} tokens must be {expected} \
-                     bytes, got {}",
-                    bytes.len()
-                )));
+                return Err(InvalidStep::MalformedMask {
+                    seq,
+                    tokens: len,
+                    expected,
+                    bytes: bytes.len(),
+                }
+                .into());
             }
             let words: Vec<u64> = bytes
                 .chunks_exact(8)
@@ -357,7 +359,14 @@ mod tests {
         }
         let err = batch_from_pb(wire).unwrap_err();
         assert!(
-            matches!(&err, StepError::Invalid(m) if m.contains("sequence 7") && m.contains("16 bytes")),
+            matches!(
+                &err,
+                StepError::Invalid(InvalidStep::MalformedMask {
+                    seq: 7,
+                    expected: 16,
+                    ..
+                })
+            ),
             "{err}"
         );
         let failed = AllowedTokens::pending();

@@ -8,7 +8,9 @@ use proto::control::attention_server::{Attention, AttentionServer};
 use proto::control::{self as pb};
 use tonic::{Request, Response, Status};
 
-use step::{AttentionNode, HealthSource, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+use step::{
+    AttentionNode, HealthSource, InvalidStep, KvCapacity, SeqId, StepBatch, StepError, StepOutput,
+};
 
 pub mod convert;
 mod health;
@@ -55,7 +57,7 @@ impl AttentionService {
 
 fn status(e: StepError) -> Status {
     match e {
-        StepError::Invalid(m) => Status::invalid_argument(m),
+        StepError::Invalid(m) => Status::invalid_argument(m.to_string()),
         StepError::Card { .. } | StepError::NoReply { .. } | StepError::Unavailable(_) => {
             Status::unavailable(e.to_string())
         }
@@ -146,7 +148,7 @@ fn unavailable(address: &str, e: impl std::fmt::Display) -> StepError {
 
 fn from_status(address: &str, s: Status) -> StepError {
     match s.code() {
-        tonic::Code::InvalidArgument => StepError::Invalid(s.message().to_owned()),
+        tonic::Code::InvalidArgument => InvalidStep::Remote(s.message().to_owned()).into(),
         tonic::Code::Internal => StepError::Model(s.message().to_owned()),
         _ => unavailable(address, s.message()),
     }

@@ -17,7 +17,7 @@ use super::*;
 use crate::cards::{CardBoard, Heartbeat};
 use crate::dispatch::ExpertPlacement;
 use crate::fabric::{CardFabric, Reply};
-use step::{Penalties, SampleRequest, StepEntry, TokenMask};
+use step::{InvalidStep, Penalties, SampleRequest, StepEntry, TokenMask};
 
 /// Cards in memory: card `c` holds experts `e % cards == c` (every expert when `replicated`)
 /// and a contiguous vocabulary slice.
@@ -567,7 +567,13 @@ fn prompts_longer_than_a_step_are_prefilled_in_chunks() {
     let requests = requests(&prompts(), 5, SamplingParams::greedy());
     let whole = crate::driver::generate(&mut n, &requests, 0);
     assert!(
-        matches!(&whole, Err(StepError::Invalid(m)) if m.contains("max_tokens 4")),
+        matches!(
+            &whole,
+            Err(StepError::Invalid(InvalidStep::TooManyTokens {
+                max_tokens: 4,
+                ..
+            }))
+        ),
         "{whole:?}"
     );
     let steps = n.stats().steps;
