@@ -168,8 +168,10 @@ pub fn connect_attention_nodes(
         let node = loop {
             let attempt = runtime
                 .block_on(control_plane::connect(&url, &attention_name(j), identity))
-                // The frontend's node interface speaks StepError, whose message is text.
-                .map_err(|e| step::StepError::Unavailable(e.to_string()))
+                .map_err(|e| step::StepError::Unavailable {
+                    address: address.clone(),
+                    reason: e.to_string(),
+                })
                 .and_then(|channel| {
                     gpu_attention::remote::RemoteNode::new(channel, &url, runtime.handle().clone())
                 });

@@ -174,7 +174,7 @@ mod tests {
                 }
             }
             fn step(&mut self, _: &StepBatch) -> Result<StepOutput, StepError> {
-                Err(StepError::Model("not stepped here".into()))
+                Err(step::ModelFailure::Missing("a step here").into())
             }
             fn free(&mut self, _: &[SeqId]) -> Result<(), StepError> {
                 Ok(())

@@ -101,7 +101,10 @@ fn connect(port: u16, certs: &Path, runtime: &tokio::runtime::Runtime) -> Remote
     loop {
         let attempt = runtime
             .block_on(deploy::control_plane::connect(&url, "attn-0", &identity))
-            .map_err(|e| step::StepError::Unavailable(e.to_string()))
+            .map_err(|e| step::StepError::Unavailable {
+                address: url.clone(),
+                reason: e.to_string(),
+            })
             .and_then(|channel| RemoteNode::new(channel, &url, runtime.handle().clone()));
         match attempt {
             Ok(n) => return n,

@@ -120,6 +120,7 @@ impl AttentionNode for SyntheticNode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use step::ModelFailure;
     use step::{AllowedTokens, SampleRequest, StepEntry, TokenMask};
 
     fn entry(seq: SeqId, allowed: Option<AllowedTokens>) -> StepEntry {
@@ -182,7 +183,7 @@ mod tests {
             })
             .unwrap_err();
         assert!(
-            matches!(&err, StepError::Model(m) if m.contains("the grammar broke")),
+            matches!(&err, StepError::Model(ModelFailure::Mask { reason, .. }) if reason.contains("the grammar broke")),
             "{err}"
         );
     }

@@ -13,8 +13,8 @@ use crate::merge::score_full_row;
 use crate::prefix::FilledBlocks;
 use crate::sampler::{RowToSample, TokenHistory, record_tokens, sample_rows};
 use step::{
-    AttentionNode, InvalidStep, KvCapacity, PromptLogprobs, PromptScoring, SeqId, StepBatch,
-    StepError, StepOutput,
+    AttentionNode, InvalidStep, KvCapacity, ModelFailure, PromptLogprobs, PromptScoring, SeqId,
+    StepBatch, StepError, StepOutput,
 };
 
 /// Most alternatives per sampled token a node returns (OpenAI's limit).
@@ -140,11 +140,7 @@ pub(crate) fn score_prompt(
         })
         .collect::<Result<Vec<_>, _>>()?;
     if tokens.len() != scoring.next.len() {
-        return Err(StepError::Model(format!(
-            "sequence {seq}: {} rows of logits to score {} prompt tokens",
-            rows.len() / vocab.max(1),
-            scoring.next.len()
-        )));
+        return Err(ModelFailure::Unscored { seq }.into());
     }
     Ok(PromptLogprobs { seq, tokens })
 }
@@ -435,7 +431,7 @@ mod tests {
         failed.fill(Err("the grammar broke".into()));
         let err = step(Some(failed)).unwrap_err();
         assert!(
-            matches!(&err, StepError::Model(m) if m.contains("the grammar broke")),
+            matches!(&err, StepError::Model(ModelFailure::Mask { reason, .. }) if reason.contains("the grammar broke")),
             "{err}"
         );
     }

@@ -258,6 +258,7 @@ pub fn sample_rows(rows: &[RowToSample<'_>]) -> Result<Vec<SampledToken>, StepEr
 mod tests {
     use super::*;
     use step::AllowedTokens;
+    use step::ModelFailure;
 
     #[test]
     fn penalties_follow_vllm() {
@@ -522,11 +523,10 @@ mod tests {
         };
         let h = TokenHistory::default();
         let err = sample_row(42, &logits, &request, &h, 0).unwrap_err();
-        let StepError::Model(message) = &err else {
+        let StepError::Model(ModelFailure::Mask { seq: 42, reason }) = &err else {
             panic!("{err:?}");
         };
-        assert!(message.contains("sequence 42"), "{message}");
-        assert!(message.contains("the grammar cannot continue"), "{message}");
+        assert!(reason.contains("the grammar cannot continue"), "{reason}");
         let fine = masked(sampling::SamplingParams::greedy(), TokenMask::all(40), 0);
         let row = |seq, request| RowToSample {
             seq,

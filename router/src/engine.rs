@@ -334,7 +334,7 @@ impl Engine {
                 let error = match e {
                     StepError::Card { .. }
                     | StepError::NoReply { .. }
-                    | StepError::Unavailable(_) => GenerationError::Unavailable {
+                    | StepError::Unavailable { .. } => GenerationError::Unavailable {
                         node: self.index,
                         message: e.to_string(),
                     },

@@ -362,6 +362,7 @@ impl AttentionNode for FakeNode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use step::ModelFailure;
     use step::{AllowedTokens, StepEntry, TokenMask};
 
     fn entry(seq: SeqId, allowed: Option<AllowedTokens>) -> StepEntry {
@@ -424,7 +425,7 @@ mod tests {
             })
             .unwrap_err();
         assert!(
-            matches!(&err, StepError::Model(m) if m.contains("the grammar broke")),
+            matches!(&err, StepError::Model(ModelFailure::Mask { reason, .. }) if reason.contains("the grammar broke")),
             "{err}"
         );
     }

@@ -26,17 +26,21 @@ pub enum StepError {
         /// What the transport said.
         reason: String,
     },
-    /// The model computation found something it cannot compute (a missing layer part, no
-    /// token sampled, ...).
+    /// The model computation could not produce what the step asked for.
     #[error("model error: {0}")]
-    Model(String),
+    Model(#[from] ModelFailure),
     /// A tensor operation of the model computation failed (a model or candle error, kept as
     /// the cause; `step` names no numerics crate, so it is boxed).
     #[error("model error: {0}")]
     Compute(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The node is unreachable (remote nodes).
-    #[error("attention node unavailable: {0}")]
-    Unavailable(String),
+    #[error("attention node at {address} unavailable: {reason}")]
+    Unavailable {
+        /// Where it was reached for.
+        address: String,
+        /// What the connection said.
+        reason: String,
+    },
 }
 
 impl StepError {
@@ -44,6 +48,55 @@ impl StepError {
     pub fn compute(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         StepError::Compute(Box::new(e))
     }
+}
+
+/// What the model computation could not produce.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelFailure {
+    /// A constrained row's mask never came, or its grammar failed (the reason is the grammar
+    /// engine's).
+    #[error("the allowed tokens of sequence {seq}: {reason}")]
+    Mask {
+        /// The sequence.
+        seq: SeqId,
+        /// What the grammar side said.
+        reason: String,
+    },
+    /// A row that asked for a token got none.
+    #[error("no token was sampled for sequence {seq}")]
+    NoToken {
+        /// The sequence.
+        seq: SeqId,
+    },
+    /// Prompt tokens asked to be scored were not.
+    #[error("the prompt tokens of sequence {seq} were not all scored")]
+    Unscored {
+        /// The sequence.
+        seq: SeqId,
+    },
+    /// A full-logits round that came back short.
+    #[error("the cards returned {filled} of {vocab} logits for a full-logits row")]
+    PartialLogits {
+        /// Logits received.
+        filled: usize,
+        /// Logits a row has.
+        vocab: usize,
+    },
+    /// A part of the model the computation needs is missing (a router of an MoE layer, its
+    /// routing, the inputs the device computed).
+    #[error("{0}")]
+    Missing(&'static str),
+    /// The model could not be prepared on its device.
+    #[error("preparing the model on {device}: {reason}")]
+    Prepare {
+        /// The device.
+        device: String,
+        /// What failed.
+        reason: String,
+    },
+    /// What a remote node reported (its cause crosses the wire as text).
+    #[error("{0}")]
+    Remote(String),
 }
 
 /// Why a node refuses a step batch: what in it is inconsistent with itself or with the node.

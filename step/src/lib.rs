@@ -30,7 +30,7 @@ pub mod replicas;
 
 pub use clock::{Clock, StepRouting, StepTimer, WallClock};
 pub use constraint::{AllowedTokens, Constraint, MaskJob, TokenConstraint, TokenMask};
-pub use error::{InvalidStep, StepError};
+pub use error::{InvalidStep, ModelFailure, StepError};
 pub use health::{CardHealth, CardState, HealthSource, NodeHealth};
 pub use prompt_logprobs::{PromptLogprobs, PromptScoring, ScoredToken};
 
@@ -102,7 +102,10 @@ impl SampleRequest {
         match &self.allowed {
             None => Ok(None),
             Some(handle) => handle.wait(constraint::MASK_WAIT).map(Some).map_err(|e| {
-                StepError::Model(format!("the allowed tokens of sequence {seq}: {e}"))
+                StepError::Model(ModelFailure::Mask {
+                    seq,
+                    reason: e.to_string(),
+                })
             }),
         }
     }

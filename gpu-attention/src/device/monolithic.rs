@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use candle_core::DType;
 use model::ModelWeights;
 use model::forward::rope::Rope;
-use step::{AttentionNode, InvalidStep, KvCapacity, SeqId, StepBatch, StepError, StepOutput};
+use step::{
+    AttentionNode, InvalidStep, KvCapacity, ModelFailure, SeqId, StepBatch, StepError, StepOutput,
+};
 
 use super::inputs::SpanInput;
 use super::node::DeviceCompute;
@@ -49,8 +51,11 @@ impl DeviceMonolithicNode {
                         .into(),
                 )
             })?;
-        let compute = DeviceCompute::whole_model(weights, kv, &dev)
-            .map_err(|e| StepError::Model(format!("preparing the model on {device}: {e}")))?;
+        let compute =
+            DeviceCompute::whole_model(weights, kv, &dev).map_err(|e| ModelFailure::Prepare {
+                device: device.to_string(),
+                reason: e.to_string(),
+            })?;
         Ok(DeviceMonolithicNode {
             device,
             filled: FilledBlocks::new(compute.capacity()),
@@ -153,7 +158,7 @@ impl AttentionNode for DeviceMonolithicNode {
             };
             let logits = logit_rows
                 .next()
-                .ok_or_else(|| StepError::Model("fewer logit rows than samples".into()))?;
+                .ok_or(ModelFailure::Missing("a row of logits for each sample"))?;
             rows.push(RowToSample {
                 seq: e.seq,
                 logits,

@@ -13,7 +13,7 @@ use model::forward::moe::route;
 use model::forward::{LmHead, embed, ops};
 use model::weights::{FfnWeights, Linear};
 use model::{ModelConfig, ModelWeights, WeightMatrix};
-use step::{InvalidStep, KvCapacity, SeqId, StepError};
+use step::{InvalidStep, KvCapacity, ModelFailure, SeqId, StepError};
 
 use super::pipeline::MicroBatch;
 use crate::device::inputs::{MbInputs, SpanInput};
@@ -67,16 +67,17 @@ impl Compute {
             }
             return HostCompute::new(weights, kv).map(|h| Compute::Host(Box::new(h)));
         };
-        let compute = DeviceCompute::new(weights, kv, &dev).map_err(|e| {
-            StepError::Model(format!(
-                "preparing {} {} on {device}: {e}",
+        let compute = DeviceCompute::new(weights, kv, &dev).map_err(|e| ModelFailure::Prepare {
+            device: device.to_string(),
+            reason: format!(
+                "{} {}: {e}",
                 config.family,
                 if config.moe.is_some() {
                     "attention"
                 } else {
                     "layers"
                 }
-            ))
+            ),
         })?;
         Ok(Compute::Device(Box::new(compute)))
     }
@@ -133,7 +134,9 @@ impl Compute {
             Compute::Host(h) => h.attention(config, layer, mb, tables),
             Compute::Device(d) => {
                 let inputs = mb.device.as_ref().ok_or_else(|| {
-                    StepError::Model("a micro-batch without its device inputs".into())
+                    StepError::from(ModelFailure::Missing(
+                        "a micro-batch without its device inputs",
+                    ))
                 })?;
                 d.attention(layer, &mut mb.x, inputs)
                     .map_err(StepError::compute)
@@ -263,13 +266,13 @@ impl HostCompute {
         .map_err(StepError::compute)?;
         let routing = match config.layers[layer].ffn {
             FfnKind::Moe => {
-                let spec = config
-                    .moe
-                    .ok_or_else(|| StepError::Model("MoE layer without experts".into()))?;
+                let spec = config.moe.ok_or(ModelFailure::Missing(
+                    "an MoE layer without its experts' settings",
+                ))?;
                 let router = l
                     .router
                     .as_ref()
-                    .ok_or_else(|| StepError::Model("MoE layer without a router".into()))?;
+                    .ok_or(ModelFailure::Missing("an MoE layer without a router"))?;
                 Some(route(router, &spec, &rows, mb.positions.len()))
             }
             FfnKind::Dense => None,

@@ -17,8 +17,8 @@ use crate::merge::{
 };
 use crate::sampler::sample_row;
 use step::{
-    InvalidStep, PromptLogprobs, SampleRequest, SampledToken, ScoredToken, StepBatch, StepEntry,
-    StepError, StepOutput,
+    InvalidStep, ModelFailure, PromptLogprobs, SampleRequest, SampledToken, ScoredToken, StepBatch,
+    StepEntry, StepError, StepOutput,
 };
 
 /// Immediate layer code of the full-logits round (distinct from the proposals round).
@@ -232,9 +232,9 @@ impl DisaggregatedNode {
         let mut out = StepOutput::default();
         for (i, e) in batch.entries.iter().enumerate() {
             if e.sample.is_some() {
-                let t = sampled.remove(&i).ok_or_else(|| {
-                    StepError::Model(format!("no token was sampled for sequence {}", e.seq))
-                })?;
+                let t = sampled
+                    .remove(&i)
+                    .ok_or_else(|| StepError::from(ModelFailure::NoToken { seq: e.seq }))?;
                 out.sampled.push(t);
             }
             if let Some(p) = &e.prompt_logprobs {
@@ -245,10 +245,7 @@ impl DisaggregatedNode {
                             .push(PromptLogprobs { seq: e.seq, tokens });
                     }
                     _ => {
-                        return Err(StepError::Model(format!(
-                            "the prompt tokens of sequence {} were not all scored",
-                            e.seq
-                        )));
+                        return Err(ModelFailure::Unscored { seq: e.seq }.into());
                     }
                 }
             }
@@ -373,9 +370,7 @@ impl DisaggregatedNode {
                     }
                 }
                 if filled != vocab {
-                    return Err(StepError::Model(format!(
-                        "the cards returned {filled} of {vocab} logits for a full-logits row"
-                    )));
+                    return Err(ModelFailure::PartialLogits { filled, vocab }.into());
                 }
                 let row = &rows[r];
                 let entry = &batch.entries[row.entry];

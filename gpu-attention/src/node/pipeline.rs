@@ -19,7 +19,7 @@ use crate::dispatch::{DispatchPlan, plan_dispatch};
 use crate::fabric::Reply;
 use crate::monolithic::validate_batch;
 use crate::sampler::record_tokens;
-use step::{InvalidStep, SeqId, StepBatch, StepError, StepOutput};
+use step::{InvalidStep, ModelFailure, SeqId, StepBatch, StepError, StepOutput};
 
 /// One micro-batch's state through the layers.
 pub(super) struct MicroBatch {
@@ -251,9 +251,7 @@ impl DisaggregatedNode {
                 }
             }
             (FfnKind::Moe, None) => {
-                return Err(StepError::Model(format!(
-                    "layer {layer} is MoE but came without a routing"
-                )));
+                return Err(ModelFailure::Missing("an MoE layer's routing").into());
             }
             (FfnKind::Dense, _) => {
                 self.trace.end(span, "attention", layer, m);

@@ -265,6 +265,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use step::ModelFailure;
 
     fn entry(seq: SeqId, sample: Option<SampleRequest>) -> StepEntry {
         StepEntry {
@@ -376,7 +377,7 @@ mod tests {
         };
         let err = batch_to_pb(&batch).unwrap_err();
         assert!(
-            matches!(&err, StepError::Model(m) if m.contains("no grammar")),
+            matches!(&err, StepError::Model(ModelFailure::Mask { reason, .. }) if reason.contains("no grammar")),
             "{err}"
         );
     }

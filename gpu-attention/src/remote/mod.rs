@@ -9,7 +9,8 @@ use proto::control::{self as pb};
 use tonic::{Request, Response, Status};
 
 use step::{
-    AttentionNode, HealthSource, InvalidStep, KvCapacity, SeqId, StepBatch, StepError, StepOutput,
+    AttentionNode, HealthSource, InvalidStep, KvCapacity, ModelFailure, SeqId, StepBatch,
+    StepError, StepOutput,
 };
 
 pub mod convert;
@@ -58,10 +59,10 @@ impl AttentionService {
 fn status(e: StepError) -> Status {
     match e {
         StepError::Invalid(m) => Status::invalid_argument(m.to_string()),
-        StepError::Card { .. } | StepError::NoReply { .. } | StepError::Unavailable(_) => {
+        StepError::Card { .. } | StepError::NoReply { .. } | StepError::Unavailable { .. } => {
             Status::unavailable(e.to_string())
         }
-        StepError::Model(m) => Status::internal(m),
+        StepError::Model(m) => Status::internal(m.to_string()),
         // The cause crosses the wire as text; the other side reads it back as `Model`.
         StepError::Compute(source) => Status::internal(source.to_string()),
     }
@@ -143,13 +144,16 @@ impl std::fmt::Debug for RemoteNode {
 }
 
 fn unavailable(address: &str, e: impl std::fmt::Display) -> StepError {
-    StepError::Unavailable(format!("attention node at {address}: {e}"))
+    StepError::Unavailable {
+        address: address.to_string(),
+        reason: e.to_string(),
+    }
 }
 
 fn from_status(address: &str, s: Status) -> StepError {
     match s.code() {
         tonic::Code::InvalidArgument => InvalidStep::Remote(s.message().to_owned()).into(),
-        tonic::Code::Internal => StepError::Model(s.message().to_owned()),
+        tonic::Code::Internal => ModelFailure::Remote(s.message().to_owned()).into(),
         _ => unavailable(address, s.message()),
     }
 }
@@ -228,7 +232,6 @@ mod tests {
     use std::time::Duration;
 
     use model::sampling::SamplingParams;
-    use step::constraint::MASK_WAIT;
     use step::{AllowedTokens, SampleRequest, SampledToken, StepEntry, TokenMask};
     use tonic::transport::server::TcpIncoming;
 
@@ -250,12 +253,9 @@ mod tests {
             let mut out = StepOutput::default();
             for e in &batch.entries {
                 let Some(s) = &e.sample else { continue };
-                let (token, len) = match &s.allowed {
+                let (token, len) = match s.allowed_mask(e.seq)? {
                     None => (0, 0),
-                    Some(h) => {
-                        let mask = h.wait(MASK_WAIT).map_err(StepError::Model)?;
-                        (mask.iter().next().unwrap_or(0), mask.len())
-                    }
+                    Some(mask) => (mask.iter().next().unwrap_or(0), mask.len()),
                 };
                 out.sampled.push(SampledToken {
                     seq: e.seq,
@@ -343,7 +343,7 @@ mod tests {
             })
             .unwrap_err();
         assert!(
-            matches!(&err, StepError::Model(m) if m.contains("the grammar broke")),
+            matches!(&err, StepError::Model(ModelFailure::Mask { reason, .. }) if reason.contains("the grammar broke")),
             "{err}"
         );
         drop(node);
