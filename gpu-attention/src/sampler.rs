@@ -328,11 +328,9 @@ mod tests {
                     let best = r.clone().max_by(|&a, &b| logits[a].total_cmp(&logits[b]));
                     let best = best.unwrap_or(r.start);
                     Proposal {
-                        log_sum_exp: sampling::log_sum_exp(&logits[r.clone()]),
-                        scaled_log_sum_exp: f64::NAN,
-                        winner: u32::MAX,
-                        winner_logit: 0.0,
-                        winner_score: f64::NEG_INFINITY,
+                        log_sum_exp: Some(sampling::log_sum_exp(&logits[r.clone()])),
+                        scaled_log_sum_exp: None,
+                        winner: None,
                         shard_rows: r.len() as u32,
                         candidates: vec![Candidate {
                             logit: logits[best],

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use jetstream::{EndpointRuntime, Region, RegionDescriptor, Transport, WriteRequest};
-use proto::data::{self, Candidate, Immediate, Kind, LM_HEAD_LAYER, MessageMeta, Proposal};
+use proto::data::{self, Candidate, Immediate, Kind, LM_HEAD_LAYER, MessageMeta, Proposal, Winner};
 
 use super::cpu_turns::TurnMember;
 use super::spans::{CardSpan, SpanLog, ThreadUsage};
@@ -338,11 +338,9 @@ fn full_proposal(logits: &[f32], first: u32) -> Proposal {
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     Proposal {
-        log_sum_exp: model::sampling::log_sum_exp(logits),
-        scaled_log_sum_exp: f64::NAN,
-        winner: u32::MAX,
-        winner_logit: 0.0,
-        winner_score: f64::NEG_INFINITY,
+        log_sum_exp: Some(model::sampling::log_sum_exp(logits)),
+        scaled_log_sum_exp: None,
+        winner: None,
         shard_rows: logits.len() as u32,
         target_logit: None,
         candidates: order
@@ -356,16 +354,14 @@ fn full_proposal(logits: &[f32], first: u32) -> Proposal {
 }
 
 fn to_wire(p: LmProposal) -> Proposal {
-    let (winner, winner_logit, winner_score) = match p.gumbel {
-        Some(g) => (g.token, g.logit, g.score),
-        None => (u32::MAX, 0.0, f64::NEG_INFINITY),
-    };
     Proposal {
-        log_sum_exp: p.log_sum_exp.unwrap_or(f64::NAN),
-        scaled_log_sum_exp: p.scaled_log_sum_exp.unwrap_or(f64::NAN),
-        winner,
-        winner_logit,
-        winner_score,
+        log_sum_exp: p.log_sum_exp,
+        scaled_log_sum_exp: p.scaled_log_sum_exp,
+        winner: p.gumbel.map(|g| Winner {
+            token: g.token,
+            logit: g.logit,
+            score: g.score,
+        }),
         shard_rows: p.shard_rows,
         target_logit: p.target_logit,
         candidates: p

@@ -112,7 +112,10 @@ pub(super) fn allowed(proposals: &[Proposal], params: &SamplingParams) -> Option
             });
         }
     }
-    let lses: Vec<f64> = proposals.iter().map(|p| p.scaled_log_sum_exp).collect();
+    let lses: Vec<f64> = proposals
+        .iter()
+        .map(|p| p.scaled_log_sum_exp)
+        .collect::<Option<_>>()?;
     if ranked.iter().any(|r| !r.scaled.is_finite()) || lses.iter().any(|l| !l.is_finite()) {
         return None;
     }

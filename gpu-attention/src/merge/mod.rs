@@ -107,20 +107,18 @@ pub fn candidates_needed(request: &SampleRequest, cap: usize) -> usize {
     pool.max(request.top_logprobs)
 }
 
-/// Log-sum-exp of the cards' log-sum-exps.
-pub fn total_log_sum_exp(proposals: &[Proposal]) -> f64 {
-    let max = proposals
+/// Log-sum-exp of the cards' log-sum-exps; `None` when a card computed none (the row wanted no
+/// logprobs).
+pub fn total_log_sum_exp(proposals: &[Proposal]) -> Option<f64> {
+    let lses: Vec<f64> = proposals
         .iter()
         .map(|p| p.log_sum_exp)
-        .fold(f64::NEG_INFINITY, f64::max);
+        .collect::<Option<_>>()?;
+    let max = lses.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if max == f64::NEG_INFINITY {
-        return max;
+        return Some(max);
     }
-    max + proposals
-        .iter()
-        .map(|p| (p.log_sum_exp - max).exp())
-        .sum::<f64>()
-        .ln()
+    Some(max + lses.iter().map(|l| (l - max).exp()).sum::<f64>().ln())
 }
 
 /// Every card's candidates together, best first (ties: lower id first).
@@ -142,9 +140,10 @@ fn merged_token(
     token: u32,
     logit: f32,
 ) -> MergedToken {
-    // The cards computed no log-sum-exp for rows that want no logprobs.
+    // The cards computed no log-sum-exp for rows that want no logprobs: their logprobs are
+    // NaN, as `SampledToken::logprob` allows.
     let lse = if request.wants_logprobs() {
-        total_log_sum_exp(proposals)
+        total_log_sum_exp(proposals).unwrap_or(f64::NAN)
     } else {
         f64::NAN
     };
@@ -226,14 +225,11 @@ pub fn merge_row(
         // nothing; if none drew, the row gathers rather than answer a made-up token.
         let winner = proposals
             .iter()
-            .filter(|p| !p.winner_score.is_nan())
-            .max_by(|a, b| {
-                a.winner_score
-                    .total_cmp(&b.winner_score)
-                    .then(b.winner.cmp(&a.winner))
-            });
+            .filter_map(|p| p.winner)
+            .filter(|w| !w.score.is_nan())
+            .max_by(|a, b| a.score.total_cmp(&b.score).then(b.token.cmp(&a.token)));
         match winner {
-            Some(p) => (p.winner, p.winner_logit),
+            Some(w) => (w.token, w.logit),
             None => return MergeOutcome::NeedFullLogits,
         }
     };

@@ -35,10 +35,7 @@ pub fn score_row(
     if holders.next().is_some() {
         return None; // two cards claim the token: not a partition of the vocabulary
     }
-    let lse = total_log_sum_exp(proposals);
-    if !lse.is_finite() {
-        return None;
-    }
+    let lse = total_log_sum_exp(proposals).filter(|l| l.is_finite())?;
     let logprob = |l: f32| (l as f64 - lse) as f32;
     Some(ScoredToken {
         token: target,
@@ -80,11 +77,9 @@ mod tests {
                 let mut order: Vec<usize> = (0..shard.len()).collect();
                 order.sort_by(|&a, &b| shard[b].total_cmp(&shard[a]).then(a.cmp(&b)));
                 Proposal {
-                    log_sum_exp: model::sampling::log_sum_exp(shard),
-                    scaled_log_sum_exp: f64::NAN,
-                    winner: 0,
-                    winner_logit: 0.0,
-                    winner_score: f64::NAN,
+                    log_sum_exp: Some(model::sampling::log_sum_exp(shard)),
+                    scaled_log_sum_exp: None,
+                    winner: None,
                     shard_rows: shard.len() as u32,
                     target_logit: target
                         .checked_sub(first)
@@ -148,7 +143,7 @@ mod tests {
         assert!(score_row(&[], 40, 0, 1).is_none());
         let holder = props.iter().position(|p| p.target_logit.is_some()).unwrap();
         let mut no_lse = props.clone();
-        no_lse[holder ^ 1].log_sum_exp = f64::NAN;
+        no_lse[holder ^ 1].log_sum_exp = None;
         assert!(
             score_row(&no_lse, 40, 0, 2).is_none(),
             "a card without its lse"

@@ -4,7 +4,7 @@
 
 use model::sampling::{self, SamplingParams};
 use proptest::prelude::*;
-use proto::data::Candidate;
+use proto::data::{Candidate, Winner};
 
 use super::*;
 use crate::sampler::{TokenHistory, sample_row};
@@ -38,19 +38,15 @@ fn propose(
     let scaled: Vec<f32> = slice.iter().map(|l| l / params.temperature).collect();
     Proposal {
         // Cards skip the log-sum-exps a row does not use.
-        log_sum_exp: if request.wants_logprobs() {
-            sampling::log_sum_exp(slice)
-        } else {
-            f64::NAN
-        },
-        scaled_log_sum_exp: if sampled {
-            sampling::log_sum_exp(&scaled)
-        } else {
-            f64::NAN
-        },
-        winner: winner.1,
-        winner_logit: winner.2,
-        winner_score: winner.0,
+        log_sum_exp: request
+            .wants_logprobs()
+            .then(|| sampling::log_sum_exp(slice)),
+        scaled_log_sum_exp: sampled.then(|| sampling::log_sum_exp(&scaled)),
+        winner: sampled.then_some(Winner {
+            token: winner.1,
+            logit: winner.2,
+            score: winner.0,
+        }),
         shard_rows: slice.len() as u32,
         candidates: order
             .iter()
@@ -511,8 +507,8 @@ fn decisions_within_rounding_of_their_threshold_gather() {
     }
 }
 
-/// A card whose Gumbel score is NaN drew nothing: another card's winner is the draw, and with
-/// no card drawing the row gathers instead of answering a made-up token.
+/// A card without a winner (or whose Gumbel score is NaN) drew nothing: another card's winner
+/// is the draw, and with no card drawing the row gathers instead of answering a made-up token.
 #[test]
 fn a_sampled_row_without_any_draw_gathers() {
     let logits = [1.0f32, 0.5, 2.0, -1.0, 0.25, 1.5];
@@ -525,13 +521,23 @@ fn a_sampled_row_without_any_draw_gathers() {
     };
     let r = request(params, false, 0);
     let mut p = proposals(&logits, 2, 1, &r, 4);
-    p[0].winner_score = f64::NAN;
+    p[0].winner = None;
     let MergeOutcome::Done(m) = merge_row(&p, &r, 4, 1) else {
         panic!("one card drew: decided");
     };
-    assert_eq!(m.token, p[1].winner);
-    for q in &mut p {
-        q.winner_score = f64::NAN;
+    assert_eq!(Some(m.token), p[1].winner.map(|w| w.token));
+    if let Some(w) = p[1].winner.as_mut() {
+        w.score = f64::NAN;
     }
-    assert_eq!(merge_row(&p, &r, 4, 1), MergeOutcome::NeedFullLogits);
+    assert_eq!(
+        merge_row(&p, &r, 4, 1),
+        MergeOutcome::NeedFullLogits,
+        "a NaN score"
+    );
+    p[1].winner = None;
+    assert_eq!(
+        merge_row(&p, &r, 4, 1),
+        MergeOutcome::NeedFullLogits,
+        "no winner"
+    );
 }

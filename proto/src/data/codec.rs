@@ -3,7 +3,7 @@
 use super::{
     Candidate, DecodeError, HEADER_LEN, Header, Kind, MAGIC, PROPOSAL_FIXED_LEN, Proposal,
     ROW_FLAG_FILTERED, ROW_FLAG_LOGPROBS, ROW_FLAG_TARGET, ROW_SAMPLING_LEN, RowSampling, VERSION,
-    WireDtype, proposal_len,
+    Winner, WireDtype, proposal_len,
 };
 
 /// Step, layer and micro-batch of a message, and its row dtype.
@@ -373,11 +373,16 @@ pub fn encode_proposals(
     out.reserve(message_len(&h));
     encode_header(&h, out);
     for p in proposals {
-        out.extend_from_slice(&p.log_sum_exp.to_le_bytes());
-        out.extend_from_slice(&p.scaled_log_sum_exp.to_le_bytes());
-        out.extend_from_slice(&p.winner_score.to_le_bytes());
-        out.extend_from_slice(&p.winner.to_le_bytes());
-        out.extend_from_slice(&p.winner_logit.to_le_bytes());
+        let winner = p.winner.unwrap_or(Winner {
+            token: u32::MAX,
+            logit: 0.0,
+            score: f64::NAN,
+        });
+        out.extend_from_slice(&p.log_sum_exp.unwrap_or(f64::NAN).to_le_bytes());
+        out.extend_from_slice(&p.scaled_log_sum_exp.unwrap_or(f64::NAN).to_le_bytes());
+        out.extend_from_slice(&winner.score.to_le_bytes());
+        out.extend_from_slice(&winner.token.to_le_bytes());
+        out.extend_from_slice(&winner.logit.to_le_bytes());
         out.extend_from_slice(&p.shard_rows.to_le_bytes());
         out.extend_from_slice(&p.target_logit.unwrap_or(f32::NAN).to_le_bytes());
         for i in 0..slots {
@@ -399,11 +404,16 @@ pub fn decode_proposals(bytes: &[u8]) -> Result<(Header, Vec<Proposal>), DecodeE
     let proposals = payload
         .chunks_exact(per)
         .map(|b| Proposal {
-            log_sum_exp: f64::from_bits(u64_at(b, 0)),
-            scaled_log_sum_exp: f64::from_bits(u64_at(b, 8)),
-            winner_score: f64::from_bits(u64_at(b, 16)),
-            winner: u32_at(b, 24),
-            winner_logit: f32::from_bits(u32_at(b, 28)),
+            log_sum_exp: present(f64::from_bits(u64_at(b, 0))),
+            scaled_log_sum_exp: present(f64::from_bits(u64_at(b, 8))),
+            winner: match (present(f64::from_bits(u64_at(b, 16))), u32_at(b, 24)) {
+                (Some(score), token) if token != u32::MAX => Some(Winner {
+                    token,
+                    logit: f32::from_bits(u32_at(b, 28)),
+                    score,
+                }),
+                _ => None,
+            },
             shard_rows: u32_at(b, 32),
             target_logit: Some(f32::from_bits(u32_at(b, 36))).filter(|l| !l.is_nan()),
             candidates: b[PROPOSAL_FIXED_LEN..]
@@ -417,6 +427,11 @@ pub fn decode_proposals(bytes: &[u8]) -> Result<(Header, Vec<Proposal>), DecodeE
         })
         .collect();
     Ok((h, proposals))
+}
+
+/// A value the wire marks absent with NaN.
+fn present(v: f64) -> Option<f64> {
+    (!v.is_nan()).then_some(v)
 }
 
 /// Encodes an error report.

@@ -272,21 +272,29 @@ pub struct Candidate {
     pub token: u32,
 }
 
-/// One row's proposal from one card's vocabulary shard.
+/// A shard's Gumbel-max winner.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Winner {
+    /// Its vocabulary id.
+    pub token: u32,
+    /// Its logit (so its logprob is known even when it is not a candidate).
+    pub logit: f32,
+    /// Its Gumbel score (`logit / T + gumbel`).
+    pub score: f64,
+}
+
+/// One row's proposal from one card's vocabulary shard. On the wire an absent value is NaN
+/// (and an absent winner the id `u32::MAX`); decoded, absence is `None`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Proposal {
-    /// `ln(sum(exp(logit)))` over the shard (rows that want logprobs; NaN otherwise).
-    pub log_sum_exp: f64,
-    /// `ln(sum(exp(logit / T)))` over the shard, `T` the row's temperature (sampled rows with
-    /// top-k, top-p or min-p filters; NaN for others): with every card's, the probability of
-    /// any candidate under the distribution the row samples from.
-    pub scaled_log_sum_exp: f64,
-    /// The shard's Gumbel-max winner (meaningful when the row's temperature is > 0).
-    pub winner: u32,
-    /// The winner's logit (so its logprob is known even when it is not a candidate).
-    pub winner_logit: f32,
-    /// The winner's Gumbel score (`logit / T + gumbel`).
-    pub winner_score: f64,
+    /// `ln(sum(exp(logit)))` over the shard, for rows that want logprobs.
+    pub log_sum_exp: Option<f64>,
+    /// `ln(sum(exp(logit / T)))` over the shard, `T` the row's temperature, for sampled rows
+    /// with top-k, top-p or min-p filters: with every card's, the probability of any candidate
+    /// under the distribution the row samples from.
+    pub scaled_log_sum_exp: Option<f64>,
+    /// The shard's Gumbel-max winner, for sampled rows.
+    pub winner: Option<Winner>,
     /// Vocabulary rows of the shard: the candidates are all of them when there are this many.
     pub shard_rows: u32,
     /// The logit of the row's [`RowSampling::target`], from the card whose shard holds it;

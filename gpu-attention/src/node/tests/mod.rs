@@ -147,15 +147,14 @@ impl CardFabric for MemoryCards {
                         }
                         let scaled: Vec<f32> = row.iter().map(|l| l / s.temperature).collect();
                         Proposal {
-                            log_sum_exp: sampling::log_sum_exp(row),
-                            scaled_log_sum_exp: if s.temperature > 0.0 {
-                                sampling::log_sum_exp(&scaled)
-                            } else {
-                                f64::NAN
-                            },
-                            winner: winner.1,
-                            winner_logit: winner.2,
-                            winner_score: winner.0,
+                            log_sum_exp: Some(sampling::log_sum_exp(row)),
+                            scaled_log_sum_exp: (s.temperature > 0.0)
+                                .then(|| sampling::log_sum_exp(&scaled)),
+                            winner: (s.temperature > 0.0).then_some(proto::data::Winner {
+                                token: winner.1,
+                                logit: winner.2,
+                                score: winner.0,
+                            }),
                             shard_rows: row.len() as u32,
                             candidates: order
                                 .iter()
