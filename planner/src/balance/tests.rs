@@ -16,6 +16,23 @@ fn a_replicated_experts_tokens_count_evenly_on_its_holders() {
     assert_eq!(loads, vec![4.0 + 2.0, 4.0 + 2.0 + 2.0]);
 }
 
+/// Loads 8, 7, 6, 5, 4, 1 on two cards of three slots: greedy packing (heaviest first onto the
+/// lighter card) makes {8, 5, 4} = 17 and {7, 6, 1} = 14; an exchange reaches the best split,
+/// 16 and 15.
+#[test]
+fn refinement_finds_the_even_split_greedy_packing_misses() {
+    let load = [8u64, 7, 6, 5, 4, 1];
+    let greedy = layer_placement(&load, 2, 0, false);
+    let refined = layer_placement(&load, 2, 0, true);
+    let peak = |h: &LayerHolders| card_loads(&load, h, 2).into_iter().fold(0.0, f64::max);
+    assert_eq!(
+        peak(&refined),
+        16.0,
+        "31 tokens split 16 and 15: {refined:?}"
+    );
+    assert_eq!(peak(&greedy), 17.0, "{greedy:?}");
+}
+
 #[test]
 fn one_hot_expert_gets_a_copy_on_every_card_and_the_cards_even_out() {
     // Expert 0 takes most of the layer: in the default placement its card does the most work.
@@ -168,6 +185,32 @@ proptest! {
             prop_assert!((got - placed.after[moe_layer]).abs() < 1e-12);
             moe_layer += 1;
         }
+    }
+
+    /// The refinements only ever lower the most loaded card, keep the number of copies, and
+    /// leave every copy on a distinct card within the slots.
+    #[test]
+    fn refining_never_raises_the_peak_and_keeps_the_copies(
+        load in prop::collection::vec(0u64..1000, 1..24),
+        cards in 1usize..9,
+        redundant in 0usize..20,
+    ) {
+        let greedy = layer_placement(&load, cards, redundant, false);
+        let refined = layer_placement(&load, cards, redundant, true);
+        let peak = |h: &LayerHolders| card_loads(&load, h, cards).into_iter().fold(0.0, f64::max);
+        prop_assert!(peak(&refined) <= peak(&greedy) + 1e-9, "{} > {}", peak(&refined), peak(&greedy));
+        let copies = |h: &LayerHolders| h.iter().map(Vec::len).sum::<usize>();
+        prop_assert_eq!(copies(&refined), copies(&greedy));
+        prop_assert!(refined.iter().all(|h| !h.is_empty()), "every expert keeps a copy");
+        let slots = refined.iter().map(Vec::len).sum::<usize>().div_ceil(cards);
+        let mut held = vec![0usize; cards];
+        for h in &refined {
+            prop_assert!(h.windows(2).all(|w| w[0] < w[1]), "{:?}", h);
+            for &c in h {
+                held[c] += 1;
+            }
+        }
+        prop_assert!(held.iter().all(|&n| n <= slots), "{:?}", held);
     }
 
     /// Without copies, the packing (heaviest first, each to the least-loaded card with a slot)
