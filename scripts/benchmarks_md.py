@@ -19,7 +19,7 @@ and the date are read from those files, and the ratio is computed here.
 
 Numbers are read as decimals, so a figure prints with exactly the digits its file gives.
 A goal is one of {"ratio_at_most": X}, {"ratio_at_least": X, "aim": Y}, {"afd_at_most": X,
-"text": "..."}, {"deviation_within_pct": P} (with the figure's `deviation_pct`), or null (none
+"text": "..."}, {"afd_at_least": X, "text": "..."}, {"deviation_within_pct": P} (with the figure's `deviation_pct`), or null (none
 set). Whether a goal is met is worked out here from the figures, never written by hand.
 """
 
@@ -93,6 +93,8 @@ def goal_text(goal, unit):
         return f"at least {goal['ratio_at_least']}x{aim}"
     if "afd_at_most" in goal:
         return goal.get("text", f"at most {number(goal['afd_at_most'])} {unit}")
+    if "afd_at_least" in goal:
+        return goal.get("text", f"at least {number(goal['afd_at_least'])} {unit}")
     if "deviation_within_pct" in goal:
         return f"within {goal['deviation_within_pct']}%"
     raise ResultError(f"unknown goal {goal}")
@@ -108,6 +110,8 @@ def goal_met(goal, fig):
         value, ok = fig.get("ratio"), lambda v: v >= goal["ratio_at_least"]
     elif "afd_at_most" in goal:
         value, ok = fig.get("afd"), lambda v: v <= goal["afd_at_most"]
+    elif "afd_at_least" in goal:
+        value, ok = fig.get("afd"), lambda v: v >= goal["afd_at_least"]
     else:
         value, ok = fig.get("deviation_pct"), lambda v: abs(v) <= goal["deviation_within_pct"]
     if value is None:
@@ -189,7 +193,7 @@ def render_table(t):
         unit, goal = need(fig, "unit", where), need(fig, "goal", where)
         check_ratio(fig, where)
         units[fig["figure"]] = unit
-        value = lambda key: "-" if fig.get(key) is None else f"{number(fig[key])} {unit}"
+        value = lambda key: "-" if fig.get(key) is None else f"{number(fig[key])} {unit}".strip()
         if fig.get("deviation_pct") is not None:
             ratio = f"{fig['deviation_pct']:+}%"
         else:
