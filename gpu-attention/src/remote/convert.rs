@@ -137,11 +137,7 @@ pub fn output_to_pb(out: StepOutput) -> pb::StepReply {
                 seq: t.seq,
                 token: t.token,
                 logprob: t.logprob,
-                top_logprobs: t
-                    .top_logprobs
-                    .into_iter()
-                    .map(|(token, logprob)| pb::TokenLogprob { token, logprob })
-                    .collect(),
+                top_logprobs: alternatives_to_pb(t.top_logprobs),
             })
             .collect(),
         prompt_logprobs: out
@@ -155,16 +151,28 @@ pub fn output_to_pb(out: StepOutput) -> pb::StepReply {
                     .map(|t| pb::ScoredToken {
                         token: t.token,
                         logprob: t.logprob,
-                        top_logprobs: t
-                            .top_logprobs
-                            .into_iter()
-                            .map(|(token, logprob)| pb::TokenLogprob { token, logprob })
-                            .collect(),
+                        top_logprobs: alternatives_to_pb(t.top_logprobs),
                     })
                     .collect(),
             })
             .collect(),
     }
+}
+
+/// Wire form of a token's most likely alternatives.
+fn alternatives_to_pb(alternatives: Vec<(u32, f32)>) -> Vec<pb::TokenLogprob> {
+    alternatives
+        .into_iter()
+        .map(|(token, logprob)| pb::TokenLogprob { token, logprob })
+        .collect()
+}
+
+/// A token's most likely alternatives from their wire form.
+fn alternatives_from_pb(alternatives: Vec<pb::TokenLogprob>) -> Vec<(u32, f32)> {
+    alternatives
+        .into_iter()
+        .map(|l| (l.token, l.logprob))
+        .collect()
 }
 
 /// Wire form of a node's view of its cards.
@@ -230,11 +238,7 @@ pub fn output_from_pb(reply: pb::StepReply) -> StepOutput {
                 seq: t.seq,
                 token: t.token,
                 logprob: t.logprob,
-                top_logprobs: t
-                    .top_logprobs
-                    .into_iter()
-                    .map(|l| (l.token, l.logprob))
-                    .collect(),
+                top_logprobs: alternatives_from_pb(t.top_logprobs),
             })
             .collect(),
         prompt_logprobs: reply
@@ -248,11 +252,7 @@ pub fn output_from_pb(reply: pb::StepReply) -> StepOutput {
                     .map(|t| ScoredToken {
                         token: t.token,
                         logprob: t.logprob,
-                        top_logprobs: t
-                            .top_logprobs
-                            .into_iter()
-                            .map(|l| (l.token, l.logprob))
-                            .collect(),
+                        top_logprobs: alternatives_from_pb(t.top_logprobs),
                     })
                     .collect(),
             })
