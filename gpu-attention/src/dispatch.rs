@@ -260,13 +260,15 @@ pub fn plan_dispatch(
                 c.experts.extend(std::iter::repeat_n(NO_EXPERT, k));
                 c.weights.extend(std::iter::repeat_n(0.0, k));
             }
-            // Next free slot of this row, keeping the token's top-k order.
-            let base = (c.rows.len() - 1) * k;
-            let free = (0..k)
-                .find(|&s| c.experts[base + s] == NO_EXPERT)
-                .unwrap_or(k - 1);
-            c.experts[base + free] = e;
-            c.weights[base + free] = w;
+            // Next free slot of this row, keeping the token's top-k order (a token routes to
+            // at most k experts, so its row always has one).
+            let row = c.rows.len() - 1;
+            let experts = &mut c.experts[row * k..(row + 1) * k];
+            let Some(free) = experts.iter().position(|&x| x == NO_EXPERT) else {
+                continue;
+            };
+            experts[free] = e;
+            c.weights[row * k + free] = w;
         }
     }
     DispatchPlan {
@@ -492,5 +494,63 @@ mod tests {
         );
         let err = ExpertPlacement::new(1, 2, &[true], &[vec![vec![0, 1, 5]]]).unwrap_err();
         assert!(err.to_string().contains("expert 5"));
+    }
+
+    /// The cards' break-even figures become the split thresholds (0, and layers they do not
+    /// name, never split), and a plan counts the experts whose rows it split.
+    #[test]
+    fn rows_per_weight_read_sets_the_split_and_plans_count_split_experts() {
+        let both: Vec<Vec<Vec<u32>>> = (0..2).map(|_| vec![vec![0, 1], vec![0, 1]]).collect();
+        let p = ExpertPlacement::new(2, 2, &[true, true], &both).unwrap();
+        assert_eq!(
+            p.rows_per_weight_read(),
+            [u32::MAX, u32::MAX],
+            "never split by default"
+        );
+        let p = p.with_rows_per_weight_read(&[0]);
+        assert_eq!(
+            p.rows_per_weight_read(),
+            [u32::MAX, u32::MAX],
+            "0 never splits"
+        );
+        let p = p.with_rows_per_weight_read(&[2, 3]);
+        assert_eq!(p.rows_per_weight_read(), [2, 3]);
+        // Eight tokens all routed to expert 0: past 2 rows per weight read its rows split over
+        // both copies; expert 1's single row is not split.
+        let routing = Routing {
+            top_k: 1,
+            experts: vec![0, 0, 0, 0, 0, 0, 0, 1],
+            weights: vec![1.0; 8],
+        };
+        let keys: Vec<u64> = (0..8).collect();
+        let plan = plan_dispatch(&routing, 0, &p, &keys);
+        assert_eq!(plan.split_experts, 1, "{plan:?}");
+        assert_eq!(plan.cards.len(), 2, "both copies of expert 0 compute");
+        let whole = plan_dispatch(&routing, 0, &p.with_rows_per_weight_read(&[100]), &keys);
+        assert_eq!(whole.split_experts, 0);
+    }
+
+    /// Which copy computes an unsplit expert follows the key of its first row: moving the
+    /// first row's key moves the expert, later rows' keys do not.
+    #[test]
+    fn an_unsplit_expert_goes_where_its_first_rows_key_points() {
+        let both: Vec<Vec<Vec<u32>>> = (0..2).map(|_| vec![vec![0]]).collect();
+        let p = ExpertPlacement::new(1, 1, &[true], &both).unwrap();
+        let routing = Routing {
+            top_k: 1,
+            experts: vec![0, 0],
+            weights: vec![1.0, 1.0],
+        };
+        let card = |keys: &[u64]| {
+            let shares = p.serving(0, &routing, keys);
+            assert_eq!(shares[0].len(), 1, "never split: one copy");
+            shares[0][0].card
+        };
+        assert_eq!(
+            card(&[0, 0]),
+            card(&[0, 1]),
+            "the second row's key does not matter"
+        );
+        assert_ne!(card(&[0, 0]), card(&[1, 0]), "the first row's key does");
     }
 }

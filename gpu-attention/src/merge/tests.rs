@@ -541,3 +541,53 @@ fn a_sampled_row_without_any_draw_gathers() {
         "no winner"
     );
 }
+
+/// How many candidates a row asks each card for: one for greedy and for unfiltered sampling
+/// (the Gumbel winners decide), top-k + 1 for top-k alone, the cap for top-p or min-p, at
+/// least the row's top logprobs; one where the row gathers anyway.
+#[test]
+fn candidates_needed_follow_what_decides_the_row() {
+    let cap = 64;
+    let with = |params: SamplingParams, top| request(params, false, top);
+    let sampled = SamplingParams {
+        temperature: 0.7,
+        top_p: 1.0,
+        top_k: 0,
+        min_p: 0.0,
+        seed: 1,
+    };
+    assert_eq!(
+        candidates_needed(&with(SamplingParams::greedy(), 0), cap),
+        1
+    );
+    assert_eq!(
+        candidates_needed(&with(sampled, 0), cap),
+        1,
+        "unfiltered: the winners"
+    );
+    assert_eq!(
+        candidates_needed(&with(sampled, 5), cap),
+        5,
+        "its top logprobs"
+    );
+    let top_k = SamplingParams {
+        top_k: 3,
+        ..sampled
+    };
+    assert_eq!(candidates_needed(&with(top_k, 0), cap), 4);
+    let min_p = SamplingParams {
+        min_p: 0.1,
+        ..sampled
+    };
+    assert_eq!(candidates_needed(&with(min_p, 0), cap), cap);
+    let top_p = SamplingParams {
+        top_p: 0.9,
+        ..sampled
+    };
+    assert_eq!(candidates_needed(&with(top_p, 0), cap), cap);
+    assert_eq!(
+        candidates_needed(&with(sampled, cap + 1), cap),
+        1,
+        "gathers: one"
+    );
+}
