@@ -2,8 +2,8 @@
 //! merged exactly ([`crate::merge`]); rows the proposals cannot decide get a second round
 //! that gathers every logit. Scored rows (prompt logprobs) ride the same messages: the card
 //! holding each one's prompt token returns its logit ([`crate::merge::score_row`]). A
-//! constrained row (structured output) waits for its mask only at
-//! the merge, so the router computes it while the step runs.
+//! constrained row (structured output) waits for its mask only at the merge, so the router
+//! computes it while the step runs.
 
 use std::collections::HashMap;
 

@@ -179,3 +179,31 @@ fn a_constrained_greedy_row_decides_from_the_candidates_or_gathers() {
     let greedy = constrained(SamplingParams::greedy(), &mask, false, 0);
     assert_eq!(candidates_needed(&greedy, 64), 64);
 }
+
+/// A greedy constrained row the proposals cannot stand for (penalties change logits the cards
+/// do not know, or more top logprobs than candidates) gathers, whatever its candidates say.
+#[test]
+fn a_constrained_greedy_row_the_merge_refuses_gathers() {
+    let logits = logits(30, 0, 5);
+    let mask = TokenMask::all(30);
+    let mut penalized = constrained(SamplingParams::greedy(), &mask, false, 0);
+    penalized.penalties.repetition = 1.3;
+    let p = proposals(&logits, 2, 8, &penalized, 0);
+    assert_eq!(
+        merge_constrained_row(&p, &penalized, &mask, 8),
+        MergeOutcome::NeedFullLogits
+    );
+    let wide = constrained(SamplingParams::greedy(), &mask, true, 9);
+    let p = proposals(&logits, 2, 8, &wide, 0);
+    assert_eq!(
+        merge_constrained_row(&p, &wide, &mask, 8),
+        MergeOutcome::NeedFullLogits,
+        "9 top logprobs from 8 candidates a card"
+    );
+    let plain = constrained(SamplingParams::greedy(), &mask, false, 0);
+    let p = proposals(&logits, 2, 8, &plain, 0);
+    assert!(matches!(
+        merge_constrained_row(&p, &plain, &mask, 8),
+        MergeOutcome::Done(_)
+    ));
+}
