@@ -616,3 +616,24 @@ fn filtered_rows_of_huge_logits_decide_as_the_full_logits_do() {
     }
     assert!(decided >= 32, "most peaked rows decide: {decided} of 64");
 }
+
+/// A card whose scaled log-sum-exp is not finite (or absent) leaves a filtered row unproved:
+/// it gathers, even when every candidate's logit is finite.
+#[test]
+fn a_filtered_row_with_a_card_of_unusable_mass_gathers() {
+    let logits = logits(40, 2, 11);
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_k: 0,
+        top_p: 0.8,
+        min_p: 0.0,
+        seed: 11,
+    };
+    let r = request(params, false, 0);
+    let (outcome, mut p) = merge(&logits, 3, 32, &r, 5);
+    assert!(matches!(outcome, MergeOutcome::Done(_)), "decided as it is");
+    p[1].scaled_log_sum_exp = Some(f64::INFINITY);
+    assert_eq!(merge_row(&p, &r, 5, 32), MergeOutcome::NeedFullLogits);
+    p[1].scaled_log_sum_exp = None;
+    assert_eq!(merge_row(&p, &r, 5, 32), MergeOutcome::NeedFullLogits);
+}
