@@ -159,6 +159,7 @@ mod tests {
     fn candidates_needed_covers_the_alternatives_up_to_the_cap() {
         assert_eq!(score_candidates_needed(0, 8), 1);
         assert_eq!(score_candidates_needed(5, 8), 5);
+        assert_eq!(score_candidates_needed(8, 8), 8, "as many as the cap");
         assert_eq!(score_candidates_needed(9, 8), 1, "beyond the cap: gathered");
     }
 }
