@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -52,6 +53,13 @@ def main():
     args = parser.parse_args()
 
     scratch = tempfile.mkdtemp(prefix="afd-lm-eval-")
+    try:
+        return run(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run(args, scratch):
     os.environ.setdefault("HF_HOME", scratch)
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     tasks = pathlib.Path(scratch) / "tasks"
