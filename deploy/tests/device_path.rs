@@ -5,7 +5,6 @@
 
 use std::path::Path;
 
-use deploy::cluster::{ClusterConfig, EmbeddedCluster, TransportKind};
 use gpu_attention::{AttentionDevice, DisaggregatedNode, driver};
 use model::generate::GenerationRequest;
 use model::sampling::SamplingParams;
@@ -13,23 +12,9 @@ use safetensors::SafeTensors;
 
 mod common;
 
-use common::{expected, fixtures, greedy_requests};
+use common::{embedded_node as node, expected, fixtures, greedy_requests};
 
 const TOLERANCE: f32 = 1e-4;
-
-/// A one-node cluster on `cards` cards over the in-process transport; keeps the cards alive.
-fn node(dir: &Path, cards: usize, device: AttentionDevice) -> (EmbeddedCluster, DisaggregatedNode) {
-    let mut config = ClusterConfig::new(dir, cards);
-    config.transport = TransportKind::Inproc;
-    config.node.device = device;
-    config.node.kv.memory_bytes = 8 << 20;
-    // One copy of each expert, whatever the host's memory (`auto` would decide by it).
-    config.replicate_experts = planner::ReplicateExperts::Never;
-    let mut cluster = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
-    let node = cluster.take_nodes().remove(0);
-    assert_eq!(node.device(), device);
-    (cluster, node)
-}
 
 /// `steps_<i>` of a fixture: the `[24, vocab]` logits that chose each greedy token of prompt i.
 fn step_logits(dir: &Path) -> Vec<(usize, usize, Vec<f32>)> {

@@ -8,10 +8,9 @@
 
 use std::path::Path;
 
-use deploy::cluster::{ClusterConfig, EmbeddedCluster, TransportKind};
 use gpu_attention::device::DeviceMonolithicNode;
 use gpu_attention::kv_cache::KvCacheConfig;
-use gpu_attention::{AttentionDevice, DisaggregatedNode, MonolithicNode};
+use gpu_attention::{AttentionDevice, MonolithicNode};
 use model::sampling::{SamplingParams, log_softmax};
 use safetensors::SafeTensors;
 use step::{
@@ -20,27 +19,11 @@ use step::{
 
 mod common;
 
-use common::{expected, fixtures};
+use common::{embedded_node as cluster, expected, fixtures};
 
 const TOLERANCE: f32 = 1e-4;
 /// Alternatives asked per position.
 const TOP: usize = 3;
-
-/// A one-node cluster on `cards` cards over the in-process transport; keeps the cards alive.
-fn cluster(
-    dir: &Path,
-    cards: usize,
-    device: AttentionDevice,
-) -> (EmbeddedCluster, DisaggregatedNode) {
-    let mut config = ClusterConfig::new(dir, cards);
-    config.transport = TransportKind::Inproc;
-    config.node.device = device;
-    config.node.kv.memory_bytes = 8 << 20;
-    config.replicate_experts = planner::ReplicateExperts::Never;
-    let mut cluster = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
-    let node = cluster.take_nodes().remove(0);
-    (cluster, node)
-}
 
 /// transformers' log-softmax at every position of prompt `i` (`[T][vocab]`).
 fn reference(dir: &Path, i: usize) -> Vec<Vec<f32>> {

@@ -185,3 +185,25 @@ pub fn generate_alone(
         .map(|t| t.as_u64().unwrap())
         .collect()
 }
+
+/// A one-node cluster of `dir`'s model on `cards` cards over the in-process transport, the
+/// node on `device`, one copy of each expert (whatever the host's memory: `auto` would decide by
+/// it); the cluster keeps the cards alive.
+pub fn embedded_node(
+    dir: &Path,
+    cards: usize,
+    device: gpu_attention::AttentionDevice,
+) -> (
+    deploy::cluster::EmbeddedCluster,
+    gpu_attention::DisaggregatedNode,
+) {
+    let mut config = deploy::cluster::ClusterConfig::new(dir, cards);
+    config.transport = deploy::cluster::TransportKind::Inproc;
+    config.node.device = device;
+    config.node.kv.memory_bytes = 8 << 20;
+    config.replicate_experts = planner::ReplicateExperts::Never;
+    let mut cluster = deploy::cluster::EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
+    let node = cluster.take_nodes().remove(0);
+    assert_eq!(node.device(), device);
+    (cluster, node)
+}
