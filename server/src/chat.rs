@@ -321,7 +321,10 @@ impl Output {
             return Ok(None);
         };
         let field =
-            prompt_logprobs::vllm_field(&self.prompt, scores, |t| self.state.token_text(t))?;
+            // Chat scores with exactly the alternatives it asked for: all of them go out.
+            prompt_logprobs::vllm_field(&self.prompt, scores, usize::MAX, |t| {
+                self.state.token_text(t)
+            })?;
         self.prompt_logprobs = Some(PromptLogprobsState::Done(None));
         Ok(Some(field))
     }

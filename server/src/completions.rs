@@ -139,7 +139,7 @@ async fn handle(
         return_token_ids: params.return_token_ids,
         want_logprobs: logprobs.is_some(),
         echo_logprobs,
-        vllm_prompt_logprobs: params.prompt_logprobs.is_some(),
+        vllm_prompt_logprobs: params.prompt_logprobs,
         include_usage: params.include_usage,
         continuous_usage: params.continuous_usage,
         offsets: vec![0; prompts.len() * params.n],
@@ -167,8 +167,8 @@ struct Output {
     /// `echo` with `logprobs`: the prompt's tokens lead the choice's logprobs, with this many
     /// alternatives each.
     echo_logprobs: Option<usize>,
-    /// vLLM's `prompt_logprobs` field on each choice.
-    vllm_prompt_logprobs: bool,
+    /// vLLM's `prompt_logprobs` field on each choice, with this many alternatives.
+    vllm_prompt_logprobs: Option<usize>,
     include_usage: bool,
     continuous_usage: bool,
     prompts: Vec<Prompt>,
@@ -214,8 +214,13 @@ impl Output {
             let scores = d.prompt_logprobs.as_deref();
             let scores =
                 || scores.ok_or_else(|| ApiError::Internal("the prompt was not scored".into()));
-            if self.vllm_prompt_logprobs {
-                prompt_logprobs = Some(prompt_logprobs::vllm_field(ids, scores()?, token_text)?);
+            if let Some(top) = self.vllm_prompt_logprobs {
+                prompt_logprobs = Some(prompt_logprobs::vllm_field(
+                    ids,
+                    scores()?,
+                    top,
+                    token_text,
+                )?);
             }
             if let Some(top) = self.echo_logprobs {
                 prompt_part = Some(prompt_logprobs::echo_logprobs(

@@ -29,10 +29,12 @@ fn check(prompt: &[u32], scores: &[ScoredToken]) -> Result<(), ApiError> {
     }
 }
 
-/// vLLM's `prompt_logprobs` of `prompt` from its scores; `text` names a token.
+/// vLLM's `prompt_logprobs` of `prompt` from its scores, with `top` alternatives per position
+/// (the scores may carry more, when `echo` asked for more); `text` names a token.
 pub fn vllm_field(
     prompt: &[u32],
     scores: &[ScoredToken],
+    top: usize,
     text: impl Fn(u32) -> String,
 ) -> Result<PromptLogprobsField, ApiError> {
     check(prompt, scores)?;
@@ -41,7 +43,8 @@ pub fn vllm_field(
         field.push(None);
     }
     for s in scores {
-        let rank_of = |token: u32| s.top_logprobs.iter().position(|&(t, _)| t == token);
+        let alternatives = &s.top_logprobs[..top.min(s.top_logprobs.len())];
+        let rank_of = |token: u32| alternatives.iter().position(|&(t, _)| t == token);
         let mut position = PromptPositionLogprobs(vec![(
             s.token,
             PromptTokenLogprob {
@@ -50,7 +53,7 @@ pub fn vllm_field(
                 decoded_token: text(s.token),
             },
         )]);
-        for (r, &(t, logprob)) in s.top_logprobs.iter().enumerate() {
+        for (r, &(t, logprob)) in alternatives.iter().enumerate() {
             if t != s.token {
                 position.0.push((
                     t,
@@ -131,7 +134,13 @@ mod tests {
             scored(6, -0.5, &[(6, -0.5), (9, -1.5)]),
             scored(7, -4.0, &[(1, -0.1), (2, -2.5)]),
         ];
-        let field = vllm_field(&prompt, &scores, text).unwrap();
+        let field = vllm_field(&prompt, &scores, 2, text).unwrap();
+        let narrow = serde_json::to_value(vllm_field(&prompt, &scores, 1, text).unwrap()).unwrap();
+        assert_eq!(
+            narrow[2].as_object().unwrap().len(),
+            2,
+            "the token and 1 alternative"
+        );
         let json = serde_json::to_value(&field).unwrap();
         assert_eq!(json[0], serde_json::Value::Null);
         assert_eq!(json[1]["6"]["logprob"], -0.5);
@@ -183,9 +192,9 @@ mod tests {
     #[test]
     fn scores_that_do_not_match_the_prompt_are_an_internal_error() {
         let short = [scored(6, -0.5, &[])];
-        assert!(vllm_field(&[5, 6, 7], &short, text).is_err());
+        assert!(vllm_field(&[5, 6, 7], &short, 0, text).is_err());
         let wrong = [scored(6, -0.5, &[]), scored(8, -1.0, &[])];
         assert!(echo_logprobs(&[5, 6, 7], &wrong, 0, text).is_err());
-        assert_eq!(vllm_field(&[5], &[], text).unwrap(), vec![None]);
+        assert_eq!(vllm_field(&[5], &[], 0, text).unwrap(), vec![None]);
     }
 }

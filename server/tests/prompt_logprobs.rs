@@ -192,3 +192,32 @@ async fn bad_prompt_logprobs_are_refused_and_tokenizer_info_answers() {
     assert!(info.get("eos_token").is_some(), "{info}");
     assert_eq!(info["model_max_length"], 256);
 }
+
+/// `echo` with `logprobs: 3` and `prompt_logprobs: 1` together: the prompt is scored once with
+/// the wider count, and each field shows what it asked for.
+#[tokio::test]
+async fn echo_and_prompt_logprobs_together_each_get_their_own_width() {
+    let s = start().await;
+    let (status, v) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": [65, 66, 67], "max_tokens": 1, "echo": true, "logprobs": 3,
+                   "prompt_logprobs": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let echo_top = v["choices"][0]["logprobs"]["top_logprobs"][1]
+        .as_object()
+        .unwrap();
+    assert_eq!(
+        echo_top.len(),
+        3,
+        "three alternatives (the token is the fake's first)"
+    );
+    let field = v["choices"][0]["prompt_logprobs"][1].as_object().unwrap();
+    assert_eq!(
+        field.len(),
+        1,
+        "the token, which is also the one alternative asked for"
+    );
+}
