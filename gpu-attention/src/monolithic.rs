@@ -13,12 +13,9 @@ use crate::merge::score_full_row;
 use crate::prefix::FilledBlocks;
 use crate::sampler::{RowToSample, TokenHistory, record_tokens, sample_rows};
 use step::{
-    AttentionNode, InvalidStep, KvCapacity, ModelFailure, PromptLogprobs, PromptScoring, SeqId,
-    StepBatch, StepError, StepOutput,
+    AttentionNode, InvalidStep, KvCapacity, MAX_TOP_LOGPROBS, ModelFailure, PromptLogprobs,
+    PromptScoring, SeqId, StepBatch, StepError, StepOutput,
 };
-
-/// Most alternatives per sampled token a node returns (OpenAI's limit).
-const MAX_TOP_LOGPROBS: usize = 20;
 
 /// The reference model as an attention node.
 #[derive(Debug)]

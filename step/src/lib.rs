@@ -36,6 +36,9 @@ pub use prompt_logprobs::{PromptLogprobs, PromptScoring, ScoredToken};
 
 use model::sampling::SamplingParams;
 
+/// Most alternatives a node returns per token, sampled or scored (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 /// A sequence, as the router names it (unique per attention node while it is running).
 pub type SeqId = u64;
 

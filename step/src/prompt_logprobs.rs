@@ -6,10 +6,7 @@
 //! each new token. The node scores those rows from the same logits it samples from, unfiltered
 //! and at temperature 1, and returns one [`PromptLogprobs`] per entry that asked.
 
-use crate::{InvalidStep, SeqId};
-
-/// Most alternatives a scored position may ask for (as for sampled tokens).
-pub const MAX_PROMPT_TOP_LOGPROBS: usize = 20;
+use crate::{InvalidStep, MAX_TOP_LOGPROBS, SeqId};
 
 /// What one step entry asks of the prompt tokens after its new tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,7 +15,7 @@ pub struct PromptScoring {
     /// on a prompt's last chunk: what follows the prompt's last token is sampled, not scored.
     pub next: Vec<u32>,
     /// The most likely alternatives to return per position (0 to
-    /// [`MAX_PROMPT_TOP_LOGPROBS`]).
+    /// [`MAX_TOP_LOGPROBS`]).
     pub top_logprobs: usize,
 }
 
@@ -48,10 +45,10 @@ impl PromptScoring {
             }
             .into());
         }
-        if self.top_logprobs > MAX_PROMPT_TOP_LOGPROBS {
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(InvalidStep::TooManyTopLogprobs {
                 asked: self.top_logprobs,
-                max: MAX_PROMPT_TOP_LOGPROBS,
+                max: MAX_TOP_LOGPROBS,
             }
             .into());
         }
@@ -125,7 +122,7 @@ mod tests {
         assert!(s.check(1, 1).is_err(), "two scores after one token");
         let wide = PromptScoring {
             next: vec![1],
-            top_logprobs: MAX_PROMPT_TOP_LOGPROBS + 1,
+            top_logprobs: MAX_TOP_LOGPROBS + 1,
         };
         assert!(wide.check(1, 1).is_err());
         let empty = PromptScoring {

@@ -110,15 +110,20 @@ pub fn candidates_needed(request: &SampleRequest, cap: usize) -> usize {
 /// Log-sum-exp of the cards' log-sum-exps; `None` when a card computed none (the row wanted no
 /// logprobs).
 pub fn total_log_sum_exp(proposals: &[Proposal]) -> Option<f64> {
-    let lses: Vec<f64> = proposals
-        .iter()
-        .map(|p| p.log_sum_exp)
-        .collect::<Option<_>>()?;
-    let max = lses.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    // Two passes over the proposals rather than a list of their values: this runs for every
+    // row that wants logprobs, every step.
+    let mut max = f64::NEG_INFINITY;
+    for p in proposals {
+        max = max.max(p.log_sum_exp?);
+    }
     if max == f64::NEG_INFINITY {
         return Some(max);
     }
-    Some(max + lses.iter().map(|l| (l - max).exp()).sum::<f64>().ln())
+    let mut sum = 0.0;
+    for p in proposals {
+        sum += (p.log_sum_exp? - max).exp();
+    }
+    Some(max + sum.ln())
 }
 
 /// Every card's candidates together, best first (ties: lower id first).
