@@ -115,18 +115,18 @@ pub(crate) fn validate_batch(
     Ok(())
 }
 
-/// The prompt logprobs of one entry from its rows of logits (`[tokens, vocab]`): row `i`
-/// scores `scoring.next[i]`.
-pub(crate) fn score_prompt(
+/// The prompt logprobs of one entry from its rows of logits (a vocabulary of `vocab` each):
+/// row `i` scores `scoring.next[i]`.
+pub(crate) fn score_prompt<'a>(
     seq: SeqId,
-    rows: &[f32],
+    rows: impl Iterator<Item = &'a [f32]>,
     vocab: usize,
     scoring: &PromptScoring,
 ) -> Result<PromptLogprobs, StepError> {
     let tokens = scoring
         .next
         .iter()
-        .zip(rows.chunks_exact(vocab.max(1)))
+        .zip(rows)
         .map(|(&target, row)| {
             score_full_row(row, target, scoring.top_logprobs).ok_or(StepError::from(
                 InvalidStep::TokenOutOfRange {
@@ -176,7 +176,8 @@ impl AttentionNode for MonolithicNode {
         if scoring {
             for (e, rows) in batch.entries.iter().zip(&mut logits) {
                 if let Some(p) = &e.prompt_logprobs {
-                    prompt_logprobs.push(score_prompt(e.seq, rows, vocab, p)?);
+                    let scored = rows.chunks_exact(vocab.max(1));
+                    prompt_logprobs.push(score_prompt(e.seq, scored, vocab, p)?);
                 }
                 // Keep the last row, the one a sample reads.
                 let last = rows.len().saturating_sub(vocab);

@@ -149,9 +149,8 @@ impl AttentionNode for DeviceMonolithicNode {
         let mut prompt_logprobs = Vec::new();
         for e in &batch.entries {
             if let Some(p) = &e.prompt_logprobs {
-                let n = p.next.len();
-                let scored: Vec<f32> = logit_rows.by_ref().take(n).flatten().copied().collect();
-                prompt_logprobs.push(score_prompt(e.seq, &scored, vocab, p)?);
+                let scored = logit_rows.by_ref().take(p.next.len());
+                prompt_logprobs.push(score_prompt(e.seq, scored, vocab, p)?);
             }
             let (Some(request), Some(history)) = (&e.sample, self.histories.get(&e.seq)) else {
                 continue;
