@@ -28,8 +28,12 @@ use jetstream::{
 use model::kernels::ActivationDtype;
 use model::weights::{ExpertFilter, HugePages, LoadOptions};
 use model::{ModelConfig, ModelWeights};
-use proto::control::{HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor};
+use proto::control::{
+    HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor, ReleaseShardsReply,
+    ReleaseShardsRequest, StageShardReply, StageShardRequest,
+};
 
+use crate::eplb::{MoveTargets, ShardBook};
 use crate::error::{Error, Result};
 use crate::watch::{HeartbeatError, WatchConfig, WatchedCard, watch_cards};
 use planner::replication::{self, CardsToFit, ReplicateExperts, ReplicationChoice};
@@ -93,6 +97,8 @@ pub struct ClusterConfig {
     /// Place the experts by measured load instead (`[cards] placement = "load"`): then
     /// [`Self::replicas`] and [`Self::replicate_experts`] are not used. Default: none.
     pub expert_load: Option<crate::load_placement::LoadPlacement>,
+    /// Move the experts while serving by the load of recent steps (`--eplb`); `None`: never.
+    pub eplb: Option<planner::eplb::EplbSettings>,
     /// Attention-node settings (KV cache, micro-batches, wire dtype, max tokens, ...).
     pub node: NodeConfig,
     /// Executor threads per card (0: every core).
@@ -212,6 +218,7 @@ impl ClusterConfig {
             replicas: Vec::new(),
             replicate_experts: ReplicateExperts::Auto,
             expert_load: None,
+            eplb: None,
             // The cards share this host: while they wait for the node in a step of one
             // micro-batch, its attention may use every core.
             node: NodeConfig {
@@ -231,6 +238,12 @@ pub trait CardControl: Send + Sync {
     /// Asks the card to load (or attach to) its shard.
     fn load_shard(&self, request: LoadShardRequest) -> Result<LoadShardReply>;
 
+    /// Asks the card to build another version of its shard beside the one serving.
+    fn stage_shard(&self, request: StageShardRequest) -> Result<StageShardReply>;
+
+    /// Asks the card to free every shard version but one.
+    fn release_shards(&self, request: ReleaseShardsRequest) -> Result<ReleaseShardsReply>;
+
     /// Asks the card how it is, waiting at most `timeout`.
     fn health(&self, timeout: Duration) -> std::result::Result<HealthReply, HeartbeatError>;
 }
@@ -238,6 +251,20 @@ pub trait CardControl: Send + Sync {
 impl CardControl for CardHost {
     fn load_shard(&self, request: LoadShardRequest) -> Result<LoadShardReply> {
         CardHost::load_shard(self, &request).map_err(|source| Error::CardService {
+            card: request.card_index as usize,
+            source: Box::new(source),
+        })
+    }
+
+    fn stage_shard(&self, request: StageShardRequest) -> Result<StageShardReply> {
+        CardHost::stage_shard(self, &request).map_err(|source| Error::CardService {
+            card: request.card_index as usize,
+            source: Box::new(source),
+        })
+    }
+
+    fn release_shards(&self, request: ReleaseShardsRequest) -> Result<ReleaseShardsReply> {
+        CardHost::release_shards(self, &request).map_err(|source| Error::CardService {
             card: request.card_index as usize,
             source: Box::new(source),
         })
@@ -292,20 +319,26 @@ pub enum NodeTransport {
 }
 
 /// Connects one attention node to every card: registers its reply region, asks each card to
-/// load its shard (the first node) or attach (the others), builds the node, and starts
-/// watching the cards for it ([`crate::watch`]).
+/// load its share in `book` (the first node) or attach (the others), builds the node, and
+/// starts watching the cards for it ([`crate::watch`]).
 #[allow(clippy::too_many_arguments)]
 pub fn connect_node(
     config: &ClusterConfig,
     model: &ModelConfig,
     attention_weights: &ModelWeights,
     fingerprint: &str,
-    assignments: &[CardAssignment],
+    book: &Arc<ShardBook>,
     cards: &[Arc<dyn CardControl>],
     transport: NodeTransport,
     runtime: Arc<EndpointRuntime>,
 ) -> Result<DisaggregatedNode> {
-    let mut layout = card_layout(model, assignments)?;
+    let (shard_version, assignments) = book.current();
+    if shard_version != 0 {
+        return Err(Error::Config(
+            "attention nodes connect before the experts first move".into(),
+        ));
+    }
+    let mut layout = card_layout(model, &assignments)?;
     let sizes = slot_sizes(model, &config.node, &layout);
     let (dyn_transport, quic): (Arc<dyn Transport>, Option<Arc<QuicTransport>>) = match transport {
         NodeTransport::Quic(q) => (q.clone(), Some(q)),
@@ -323,7 +356,7 @@ pub fn connect_node(
     // Per layer, the least of what the cards report (they share one profile; a card without
     // experts in a layer reports `u32::MAX` there).
     let mut rows_per_weight_read = vec![u32::MAX; model.num_layers()];
-    for (i, (card, assignment)) in cards.iter().zip(assignments).enumerate() {
+    for (i, (card, assignment)) in cards.iter().zip(&assignments).enumerate() {
         let request = LoadShardRequest {
             model_path: config.model.display().to_string(),
             model_fingerprint: fingerprint.to_owned(),
@@ -349,6 +382,7 @@ pub fn connect_node(
             lm_head_candidates: config.node.lm_head_candidates as u32,
             inbox_slot_bytes: sizes.inbox as u64,
             reply_slot_bytes: sizes.reply as u64,
+            shard_version,
         };
         let answer = card.load_shard(request.clone())?;
         let inbox = answer.inbox.ok_or_else(|| Error::Card {
@@ -384,6 +418,7 @@ pub fn connect_node(
         watched.push(WatchedCard {
             control: card.clone(),
             request,
+            book: Arc::clone(book),
         });
     }
     fabric.set_inboxes(inboxes);
@@ -421,8 +456,12 @@ pub const FRONTEND_NAME: &str = "frontend";
 pub struct EmbeddedCluster {
     /// The cards.
     pub cards: Vec<Arc<CardHost>>,
-    /// The assignments the cards hold.
+    /// The assignments the cards started with.
     pub assignments: Vec<CardAssignment>,
+    /// The placement the cards serve now (it moves under `--eplb`).
+    pub book: Arc<ShardBook>,
+    /// Boxed: the cluster sits in an enum beside small variants.
+    model: Box<ModelConfig>,
     /// Behind a mutex only so the cluster can be shared (its stats) once the nodes are taken.
     nodes: std::sync::Mutex<Vec<DisaggregatedNode>>,
 }
@@ -505,6 +544,7 @@ impl EmbeddedCluster {
             cards.push(Arc::new(CardHost::new(host, plane, runtime)));
         }
         let attention_weights = config.load_weights(ExpertFilter::None)?;
+        let book = Arc::new(ShardBook::new(assignments.clone()));
         let mut nodes = Vec::with_capacity(config.attention_nodes);
         for j in 0..config.attention_nodes {
             progress(StartEvent::ConnectingNode(j, config.attention_nodes));
@@ -530,7 +570,7 @@ impl EmbeddedCluster {
                 &model,
                 &attention_weights,
                 &fingerprint,
-                &assignments,
+                &book,
                 &controls,
                 transport,
                 runtime,
@@ -539,8 +579,23 @@ impl EmbeddedCluster {
         Ok(EmbeddedCluster {
             cards,
             assignments,
+            book,
+            model: Box::new(model),
             nodes: std::sync::Mutex::new(nodes),
         })
+    }
+
+    /// What an expert move reaches in this cluster (see [`crate::eplb`]).
+    pub fn move_targets(&self) -> MoveTargets {
+        MoveTargets {
+            model: (*self.model).clone(),
+            cards: self
+                .cards
+                .iter()
+                .map(|c| Arc::clone(c) as Arc<dyn CardControl>)
+                .collect(),
+            book: Arc::clone(&self.book),
+        }
     }
 
     /// The attention nodes (the caller owns them from now on; the cluster keeps the cards).

@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod control_plane;
 pub mod deployment;
+pub mod eplb;
 pub mod error;
 pub mod k8s;
 pub mod launch;

@@ -10,12 +10,16 @@ use jetstream::{EndpointRuntime, NodeIdentity, QuicConfig, QuicTransport};
 use model::ModelConfig;
 use model::weights::ExpertFilter;
 use proto::control::card_client::CardClient;
-use proto::control::{HealthReply, HealthRequest, LoadShardReply, LoadShardRequest};
+use proto::control::{
+    HealthReply, HealthRequest, LoadShardReply, LoadShardRequest, ReleaseShardsReply,
+    ReleaseShardsRequest, StageShardReply, StageShardRequest,
+};
 
 use crate::cluster::{
     CardControl, ClusterConfig, NodeTransport, attention_name, card_name, connect_node, fingerprint,
 };
 use crate::control_plane;
+use crate::eplb::{MoveTargets, ShardBook};
 use crate::error::{Error, Result};
 use crate::watch::HeartbeatError;
 
@@ -82,6 +86,28 @@ impl CardControl for GrpcCard {
             })
     }
 
+    fn stage_shard(&self, request: StageShardRequest) -> Result<StageShardReply> {
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.stage_shard(request))
+            .map(|r| r.into_inner())
+            .map_err(|s| Error::Card {
+                card: self.index,
+                message: s.message().to_owned(),
+            })
+    }
+
+    fn release_shards(&self, request: ReleaseShardsRequest) -> Result<ReleaseShardsReply> {
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.release_shards(request))
+            .map(|r| r.into_inner())
+            .map_err(|s| Error::Card {
+                card: self.index,
+                message: s.message().to_owned(),
+            })
+    }
+
     fn health(&self, timeout: Duration) -> std::result::Result<HealthReply, HeartbeatError> {
         let mut client = self.client.clone();
         let answer = self.runtime.block_on(async move {
@@ -116,10 +142,14 @@ pub fn connect_remote_node(
     certs: &Path,
     data_listen: std::net::SocketAddr,
     runtime: &tokio::runtime::Runtime,
-) -> Result<DisaggregatedNode> {
+) -> Result<(DisaggregatedNode, MoveTargets)> {
     let model = ModelConfig::from_file(&config.model.join("config.json"))?;
     let print = fingerprint(&config.model)?;
-    let assignments = config.assignments(&model, card_addresses.len(), None)?;
+    let book = Arc::new(ShardBook::new(config.assignments(
+        &model,
+        card_addresses.len(),
+        None,
+    )?));
     let identity = NodeIdentity::read_pem(certs, &attention_name(id))?;
     let cards: Vec<Arc<dyn CardControl>> = card_addresses
         .iter()
@@ -138,16 +168,17 @@ pub fn connect_remote_node(
         Arc::new(QuicTransport::bind(QuicConfig::new(identity, data_listen))?)
     };
     let weights = config.load_weights(ExpertFilter::None)?;
-    connect_node(
+    let node = connect_node(
         config,
         &model,
         &weights,
         &print,
-        &assignments,
+        &book,
         &cards,
         NodeTransport::Quic(transport),
         endpoint,
-    )
+    )?;
+    Ok((node, MoveTargets { model, cards, book }))
 }
 
 /// Connects a frontend to running `afd attention` processes at `addresses` (`host:port` or

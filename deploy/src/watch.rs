@@ -1,7 +1,8 @@
 //! The shell around an attention node's [`CardBoard`]: one thread per card asks the card's
 //! control plane for its health a few times a second and reports what it learns; when the
 //! board asks for it (a card that was down answers again, or restarted), the thread loads the
-//! card's shard again with the request the node first connected with, points the node's
+//! card's share in the placement in use (the node's first request, with the share and version
+//! an expert move may have changed), points the node's
 //! transport at the card's new data address, dials it there, and only then hands the new inbox
 //! to the board: a step after the card is marked up finds the path open (a rejoin that handed
 //! the inbox over first once raced the dial and answered one request 503).
@@ -16,6 +17,7 @@ use jetstream::{EndpointRuntime, QuicTransport, Transport};
 use proto::control::{HealthReply, LoadShardRequest};
 
 use crate::cluster::CardControl;
+use crate::eplb::ShardBook;
 use crate::error::{Error, Result};
 
 /// How the cards are watched.
@@ -57,6 +59,9 @@ pub struct WatchedCard {
     pub control: Arc<dyn CardControl>,
     /// The request this node loaded (or attached to) the card's shard with.
     pub request: LoadShardRequest,
+    /// The placement in use: a rejoin loads the card's share under it, which an expert move
+    /// may have changed since the node connected.
+    pub book: Arc<ShardBook>,
 }
 
 /// The node's QUIC transport and the runtime that drives it: what a rejoin renews and dials.
@@ -130,7 +135,17 @@ impl Watcher {
     /// Loads the card's shard again and hands the new inbox to the board.
     fn rejoin(&self, board: &CardBoard) {
         let card = self.index;
-        let answer = match self.card.control.load_shard(self.card.request.clone()) {
+        let mut request = self.card.request.clone();
+        if let Some((version, share)) = self.card.book.card(card) {
+            match serde_json::to_string(&share) {
+                Ok(json) => {
+                    request.assignment_json = json;
+                    request.shard_version = version;
+                }
+                Err(e) => return board.rejoin_failed(card, &e.to_string()),
+            }
+        }
+        let answer = match self.card.control.load_shard(request) {
             Ok(answer) => answer,
             Err(e) => return board.rejoin_failed(card, &e.to_string()),
         };

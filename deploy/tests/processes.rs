@@ -1,6 +1,7 @@
 //! Multi-process deployment on loopback: `afd card` processes, an `afd attention` process, and
 //! a router-side `RemoteNode` driving it; a card killed mid-generation gives a clear error, and
-//! a card started with the wrong model or shard is refused at load.
+//! a card started with the wrong model or shard is refused at load; `--eplb` moves experts
+//! between processes while serving.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -284,4 +285,105 @@ fn the_control_plane_answers_only_nodes_of_its_cluster_in_the_right_role() {
     // The services still serve their own cluster afterwards.
     call_as(&runtime, card_port, "card-0", &attn, card_health).unwrap();
     call_as(&runtime, attn_port, "attn-0", &frontend, attention_health).unwrap();
+}
+
+/// Every card's shard versions, over its control plane.
+fn card_versions(ports: &[u16], certs: &Path, runtime: &tokio::runtime::Runtime) -> Vec<Vec<u32>> {
+    use deploy::cluster::CardControl;
+    let identity = jetstream::NodeIdentity::read_pem(certs, "attn-0").unwrap();
+    ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let card = deploy::remote::GrpcCard::connect(
+                i,
+                &format!("127.0.0.1:{p}"),
+                &identity,
+                runtime.handle().clone(),
+            )
+            .unwrap();
+            card.health(Duration::from_secs(5)).unwrap().shard_versions
+        })
+        .collect()
+}
+
+/// `--eplb` across processes: the attention process moves the experts by its own traffic's
+/// routing while the frontend keeps generating (every request succeeds, every token is
+/// transformers'), the cards free the old version, and a card restarted after the move loads
+/// the placement in use.
+#[test]
+fn an_attention_process_moves_experts_while_serving_and_a_restarted_card_gets_the_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), 2);
+    let model = fixture("gpt-oss-mxfp4");
+    let ports = free_ports(2);
+    let mut cards: Vec<Proc> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| card(i, p, dir.path(), None))
+        .collect();
+    wait_for_ports(&ports);
+    let attn_port = free_port();
+    let _attention = Proc(
+        attention_cmd(&ports, attn_port, dir.path(), &model)
+            .args(["--eplb", "--eplb-window", "8", "--eplb-step-interval", "8"])
+            .args(["--num-redundant-experts", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut node = connect(attn_port, dir.path(), &runtime);
+    let cases = expected(&model);
+    let check = |node: &mut RemoteNode, round: usize| {
+        let got = driver::generate(node, &greedy_requests(&cases), 0).unwrap();
+        for (i, (g, (_, want))) in got.iter().zip(&cases).enumerate() {
+            assert_eq!(&g.output_ids, want, "round {round}, prompt {i}");
+        }
+    };
+    // Moves happen between steps while rounds run; wait for one to finish on every card.
+    let mut moved = None;
+    for round in 0..40 {
+        check(&mut node, round);
+        let held = card_versions(&ports, dir.path(), &runtime);
+        if held
+            .iter()
+            .all(|v| v.len() == 1 && v[0] >= 1 && v[0] == held[0][0])
+        {
+            moved = Some(held[0][0]);
+            break;
+        }
+    }
+    let version = moved.expect("no move completed on the cards within 40 rounds");
+    // Card 1 restarts: until it is back the node refuses clearly; then it serves the version
+    // in use, and the tokens are still transformers'.
+    drop(cards.remove(1));
+    cards.push(card(1, ports[1], dir.path(), None));
+    wait_for_ports(&ports[1..]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match driver::generate(&mut node, &greedy_requests(&cases), 0) {
+            Ok(got) => {
+                for (i, (g, (_, want))) in got.iter().zip(&cases).enumerate() {
+                    assert_eq!(&g.output_ids, want, "after the restart, prompt {i}");
+                }
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "card 1 never came back: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+    let held = card_versions(&ports, dir.path(), &runtime);
+    assert!(
+        held[1].len() == 1 && held[1][0] >= version,
+        "the restarted card holds {:?}, the placement in use is version {version} or later",
+        held[1]
+    );
 }

@@ -210,20 +210,34 @@ impl RoutingRecorder {
     }
 }
 
-/// An attention node whose every step's routing is counted into a shared recorder (for
-/// `afd serve --record-routing`): it asks the node it wraps to report routing, counts it, and
-/// still hands it on to whoever takes it next (a modeled clock).
+/// Whoever counts the routing of a [`RecordingNode`]'s steps.
+pub trait RoutingObserver: Send + Sync {
+    /// One successful step's routing.
+    fn observe(&self, routing: &StepRouting);
+}
+
+impl RoutingObserver for Mutex<RoutingRecorder> {
+    fn observe(&self, routing: &StepRouting) {
+        self.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .observe(routing);
+    }
+}
+
+/// An attention node whose every step's routing is counted by an observer (a shared recorder
+/// for `afd serve --record-routing`, the `--eplb` window): it asks the node it wraps to report
+/// routing, counts it, and still hands it on to whoever takes it next (a modeled clock).
 pub struct RecordingNode {
     inner: Box<dyn AttentionNode>,
-    recorder: Arc<Mutex<RoutingRecorder>>,
+    recorder: Arc<dyn RoutingObserver>,
     last: Option<StepRouting>,
     /// Whether someone besides the recorder asked for the routing.
     handing_on: bool,
 }
 
 impl RecordingNode {
-    /// `inner`, its routing counted into `recorder`.
-    pub fn new(mut inner: Box<dyn AttentionNode>, recorder: Arc<Mutex<RoutingRecorder>>) -> Self {
+    /// `inner`, its routing counted by `recorder`.
+    pub fn new(mut inner: Box<dyn AttentionNode>, recorder: Arc<dyn RoutingObserver>) -> Self {
         inner.record_routing(true);
         RecordingNode {
             inner,
@@ -243,10 +257,7 @@ impl AttentionNode for RecordingNode {
         let out = self.inner.step(batch);
         let routing = self.inner.take_routing();
         if let (Ok(_), Some(r)) = (&out, &routing) {
-            self.recorder
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .observe(r);
+            self.recorder.observe(r);
         }
         self.last = routing.filter(|_| self.handing_on);
         out

@@ -53,6 +53,14 @@ pub enum PlacementError {
         /// Experts per layer.
         experts: usize,
     },
+    /// A placement for another number of cards than the node's.
+    #[error("a placement over {placement} cards for a node with {cards}")]
+    Cards {
+        /// Cards the placement names.
+        placement: usize,
+        /// Cards the node has.
+        cards: usize,
+    },
     /// Every card holding an expert is down.
     #[error(
         "expert {expert} of layer {layer} is held only by card(s) {cards:?}, which are down, and no \

@@ -18,6 +18,7 @@
 
 pub mod balance;
 pub mod cards;
+pub mod eplb;
 pub mod error;
 pub mod expected;
 pub mod gpu;

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use proto::control::card_server::{Card as CardRpc, CardServer};
 use proto::control::{
-    CardStats, HealthReply, HealthRequest, LoadShardReply, LoadShardRequest, StatsRequest,
+    CardStats, HealthReply, HealthRequest, LoadShardReply, LoadShardRequest, ReleaseShardsReply,
+    ReleaseShardsRequest, StageShardReply, StageShardRequest, StatsRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -54,6 +55,34 @@ impl CardRpc for CardService {
         let reply = tokio::task::spawn_blocking(move || host.load_shard(&req))
             .await
             .map_err(|e| Status::internal(format!("the loader panicked: {e}")))?
+            .map_err(status)?;
+        Ok(Response::new(reply))
+    }
+
+    async fn stage_shard(
+        &self,
+        request: Request<StageShardRequest>,
+    ) -> Result<Response<StageShardReply>, Status> {
+        let host = self.host.clone();
+        let req = request.into_inner();
+        // Compiling and loading weights is blocking work; the card serves meanwhile.
+        let reply = tokio::task::spawn_blocking(move || host.stage_shard(&req))
+            .await
+            .map_err(|e| Status::internal(format!("the loader panicked: {e}")))?
+            .map_err(status)?;
+        Ok(Response::new(reply))
+    }
+
+    async fn release_shards(
+        &self,
+        request: Request<ReleaseShardsRequest>,
+    ) -> Result<Response<ReleaseShardsReply>, Status> {
+        let host = self.host.clone();
+        let req = request.into_inner();
+        // Freeing a program's weights can take a while on a large shard.
+        let reply = tokio::task::spawn_blocking(move || host.release_shards(&req))
+            .await
+            .map_err(|e| Status::internal(format!("the release panicked: {e}")))?
             .map_err(status)?;
         Ok(Response::new(reply))
     }

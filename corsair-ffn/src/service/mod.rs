@@ -10,6 +10,7 @@
 
 mod cpu_turns;
 pub mod grpc;
+mod shards;
 mod spans;
 mod worker;
 
@@ -19,25 +20,19 @@ pub use spans::{CardSpan, ThreadUsage};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use jetstream::{EndpointRuntime, InprocTransport, QuicTransport, RegionConfig, Transport};
 use model::checkpoint::Checkpoint;
-use model::kernels::ActivationDtype;
-use model::weights::LoadOptions;
-use model::{ModelConfig, ModelWeights};
-use proto::control::{HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor};
-use proto::data::WireDtype;
+use proto::control::{
+    HealthReply, LoadShardReply, LoadShardRequest, RegionDescriptor, ReleaseShardsReply,
+    ReleaseShardsRequest, StageShardReply, StageShardRequest,
+};
 
-use crate::assignment::CardAssignment;
-use crate::card::{Card, CardOptions};
-use crate::compiler::{CompileOptions, StoredFormats, compile};
 use crate::executor::ExecOptions;
-use crate::format::FormatChoice;
-use crate::lm_head::CandidateOptions;
 use crate::profile::HardwareProfile;
+use shards::{BuildContext, Shard, ShardSettings, ShardTable, build_shard};
 
 /// Why a card refused or failed a control-plane request.
 #[derive(Debug, thiserror::Error)]
@@ -111,24 +106,6 @@ impl DataPlane {
     }
 }
 
-/// What a loaded shard shares between its workers.
-pub(crate) struct Shard {
-    pub card: Mutex<Card>,
-    pub fingerprint: String,
-    pub assignment_json: String,
-    pub weight_format: String,
-    pub wire_dtype: WireDtype,
-    pub activations: ActivationDtype,
-    pub messages: AtomicU64,
-    pub bytes_in: AtomicU64,
-    pub bytes_out: AtomicU64,
-    pub compute_seconds: Mutex<f64>,
-    pub summary: String,
-    /// Per layer, the rows one pass over an expert's weights is worth on this card
-    /// ([`crate::perf::rows_per_weight_read`]), reported to every node that attaches.
-    pub rows_per_weight_read: Vec<u32>,
-}
-
 /// The worker serving one attention node's inbox.
 struct WorkerHandle {
     stop: Arc<AtomicBool>,
@@ -141,7 +118,10 @@ pub struct CardHost {
     plane: DataPlane,
     transport: Arc<dyn Transport>,
     runtime: Arc<EndpointRuntime>,
-    shard: Mutex<Option<Arc<Shard>>>,
+    /// The shard versions held (see [`shards`]).
+    shards: Arc<ShardTable>,
+    /// Held while a version is built: one build at a time.
+    loading: Mutex<()>,
     /// One worker per attention node served, by the node's JetStream name.
     workers: Mutex<HashMap<String, WorkerHandle>>,
     /// Workers replaced by a node that attached again, still finishing.
@@ -178,7 +158,8 @@ impl CardHost {
             transport: plane.transport(),
             plane,
             runtime,
-            shard: Mutex::new(None),
+            shards: Arc::default(),
+            loading: Mutex::new(()),
             workers: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
             incarnation: std::collections::hash_map::RandomState::new()
@@ -203,8 +184,13 @@ impl CardHost {
         self.transport.node()
     }
 
-    fn loaded(&self) -> Option<Arc<Shard>> {
-        self.shard.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    fn context(&self) -> BuildContext<'_> {
+        BuildContext {
+            card_index: self.config.index,
+            profile: &self.config.profile,
+            exec: self.config.exec,
+            counters: self.shards.counters(),
+        }
     }
 
     /// Loads this card's shard (or attaches another attention node to the loaded one) and
@@ -219,7 +205,6 @@ impl CardHost {
                 req.card_index, req.num_cards
             )));
         }
-        let model_dir = PathBuf::from(&req.model_path);
         if let Some(mine) = &self.config.model {
             let ours = model_fingerprint(mine)?;
             if ours != req.model_fingerprint {
@@ -231,30 +216,40 @@ impl CardHost {
                 )));
             }
         }
-        let wire_dtype: WireDtype = req.wire_dtype.parse().map_err(ServiceError::Invalid)?;
-        let activations = activation_dtype(&req.activation_dtype)?;
+        let settings = ShardSettings::from_request(req)?;
         let shard = {
-            let mut slot = self.shard.lock().unwrap_or_else(|p| p.into_inner());
-            match slot.as_ref() {
-                Some(s) => {
-                    if s.fingerprint != req.model_fingerprint
-                        || s.assignment_json != req.assignment_json
-                        || s.weight_format != req.weight_format
-                        || s.wire_dtype != wire_dtype
-                        || s.activations != activations
-                    {
-                        return Err(ServiceError::Refused(format!(
-                            "card {me} already serves another shard (model {}, format {}); every attention \
-                             node sharing the cards must use the same model, placement, formats and \
-                             activation dtype",
-                            s.fingerprint, s.weight_format
-                        )));
-                    }
-                    s.clone()
+            // Held across the build: a second node attaching meanwhile waits for it.
+            let _loading = self.loading.lock().unwrap_or_else(|p| p.into_inner());
+            match self.shards.settings() {
+                Some(loaded) if !loaded.compatible(&settings) => {
+                    return Err(ServiceError::Refused(format!(
+                        "card {me} already serves another shard (model {}, format {}); every \
+                         attention node sharing the cards must use the same model, placement, \
+                         formats and activation dtype",
+                        loaded.fingerprint, loaded.weight_format
+                    )));
                 }
+                Some(_) => {}
+                None => self.shards.set_settings(settings.clone()),
+            }
+            match self.shards.get(req.shard_version) {
+                Some(s) if s.assignment_json != req.assignment_json => {
+                    return Err(ServiceError::Refused(format!(
+                        "card {me} holds another share as version {}; every attention node \
+                         sharing the cards must use the same placement",
+                        req.shard_version
+                    )));
+                }
+                Some(s) => s,
                 None => {
-                    let s = Arc::new(self.build_shard(req, &model_dir, wire_dtype)?);
-                    *slot = Some(s.clone());
+                    let loaded = self.shards.settings().unwrap_or(settings);
+                    let s = Arc::new(build_shard(
+                        &self.context(),
+                        &loaded,
+                        req.shard_version,
+                        &req.assignment_json,
+                    )?);
+                    self.shards.insert(Arc::clone(&s));
                     s
                 }
             }
@@ -262,99 +257,82 @@ impl CardHost {
         self.attach(req, shard)
     }
 
-    fn build_shard(
-        &self,
-        req: &LoadShardRequest,
-        dir: &Path,
-        wire_dtype: WireDtype,
-    ) -> Result<Shard, ServiceError> {
+    /// Builds version `req.shard_version` of this card's share beside the versions it holds
+    /// (an expert move), with the loaded shard's settings; an assignment the card holds already
+    /// is served under the new number without building anything. Blocks while compiling and
+    /// loading; the versions held keep serving meanwhile.
+    pub fn stage_shard(&self, req: &StageShardRequest) -> Result<StageShardReply, ServiceError> {
         let me = self.config.index;
-        let fingerprint = model_fingerprint(dir)?;
-        if fingerprint != req.model_fingerprint {
+        if req.card_index as usize != me {
             return Err(ServiceError::Refused(format!(
-                "card {me} found a different model at {} (fingerprint {fingerprint}, expected {}): \
-                 the path must name the same checkpoint on every machine",
-                dir.display(),
-                req.model_fingerprint
+                "this is card {me}, but the staged shard is for card {}",
+                req.card_index
             )));
         }
-        let assignment: CardAssignment =
-            serde_json::from_str(&req.assignment_json).map_err(ServiceError::AssignmentJson)?;
-        if assignment.card != me {
+        let _loading = self.loading.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(settings) = self.shards.settings() else {
             return Err(ServiceError::Refused(format!(
-                "card {me} was sent the shard of card {}",
-                assignment.card
+                "card {me} has no shard loaded yet: load one (LoadShard) before staging another"
             )));
-        }
-        let config_path = dir.join("config.json");
-        let config = ModelConfig::from_file(&config_path).map_err(crate::Error::from)?;
-        let config_text =
-            std::fs::read_to_string(&config_path).map_err(|source| ServiceError::ReadConfig {
-                path: config_path.clone(),
-                source,
-            })?;
-        let stored = StoredFormats::from_config_json(&config_text, &config)?;
-        let format: FormatChoice = req.weight_format.parse().map_err(ServiceError::Invalid)?;
-        let options = CompileOptions {
-            format,
-            max_tokens: req.max_tokens as usize,
-            allow_spill: req.allow_spill,
-            candidates: req.lm_head_candidates as usize,
-            activations: activation_dtype(&req.activation_dtype)?,
-            ..CompileOptions::default()
         };
-        let compiled = compile(
-            &config,
-            &stored,
-            &assignment,
-            &options,
-            &self.config.profile,
-        )?;
-        let s = crate::report::summarize(&compiled);
-        let summary = format!(
-            "card {}/{}: {}; SRAM {} of {}; {} tiles on {} cores; {} spilled to LPDDR",
-            s.card,
-            s.cards,
-            s.share,
-            crate::report::human_bytes(s.sram_used),
-            crate::report::human_bytes(s.sram_capacity),
-            s.tiles,
-            s.weight_cores,
-            crate::report::human_bytes(s.spilled_bytes)
-        );
-        let rows_per_weight_read = crate::perf::rows_per_weight_read(&compiled.program);
-        let weights = ModelWeights::load_with(
-            dir,
-            &LoadOptions {
-                experts: assignment.expert_filter(),
-                ..LoadOptions::default()
-            },
-        )
-        .map_err(crate::Error::from)?;
-        let card = Card::new(
-            compiled.program,
-            &weights,
-            CardOptions {
-                exec: self.config.exec,
-                candidates: CandidateOptions {
-                    candidates: req.lm_head_candidates as usize,
-                },
-            },
-        )?;
-        Ok(Shard {
-            card: Mutex::new(card),
-            fingerprint,
-            assignment_json: req.assignment_json.clone(),
-            weight_format: req.weight_format.clone(),
-            wire_dtype,
-            activations: activation_dtype(&req.activation_dtype)?,
-            messages: AtomicU64::new(0),
-            bytes_in: AtomicU64::new(0),
-            bytes_out: AtomicU64::new(0),
-            compute_seconds: Mutex::new(0.0),
-            summary,
-            rows_per_weight_read,
+        let shard = match self.shards.get(req.shard_version) {
+            Some(s) if s.assignment_json == req.assignment_json => s,
+            Some(_) => {
+                return Err(ServiceError::Refused(format!(
+                    "card {me} already holds another share as version {}: stage the move under a \
+                     new version",
+                    req.shard_version
+                )));
+            }
+            None => {
+                let shard = match self.shards.same_assignment(&req.assignment_json) {
+                    Some(same) => same.alias(req.shard_version),
+                    None => build_shard(
+                        &self.context(),
+                        &settings,
+                        req.shard_version,
+                        &req.assignment_json,
+                    )?,
+                };
+                let shard = Arc::new(shard);
+                self.shards.insert(Arc::clone(&shard));
+                tracing::info!(
+                    card = me,
+                    version = req.shard_version,
+                    "staged: {}",
+                    shard.summary
+                );
+                shard
+            }
+        };
+        Ok(StageShardReply {
+            program_summary: shard.summary.clone(),
+            rows_per_weight_read: shard.rows_per_weight_read.clone(),
         })
+    }
+
+    /// Frees every shard version but `req.keep_version` (a message in hand on one finishes
+    /// first). Refuses when that version is not held: the card would be left with nothing.
+    pub fn release_shards(
+        &self,
+        req: &ReleaseShardsRequest,
+    ) -> Result<ReleaseShardsReply, ServiceError> {
+        let me = self.config.index;
+        if req.card_index as usize != me {
+            return Err(ServiceError::Refused(format!(
+                "this is card {me}, but the release is for card {}",
+                req.card_index
+            )));
+        }
+        if self.shards.get(req.keep_version).is_none() {
+            return Err(ServiceError::Refused(format!(
+                "card {me} holds no shard version {} to keep (it holds {:?})",
+                req.keep_version,
+                self.shards.versions()
+            )));
+        }
+        let shard_versions = self.shards.release_all_but(req.keep_version);
+        Ok(ReleaseShardsReply { shard_versions })
     }
 
     fn attach(
@@ -401,7 +379,8 @@ impl CardHost {
         let stop = Arc::new(AtomicBool::new(false));
         let worker = worker::Worker {
             card_index: self.config.index,
-            shard,
+            shards: Arc::clone(&self.shards),
+            wire_dtype: shard.wire_dtype,
             inbox,
             reply: jetstream::RegionDescriptor {
                 node: reply.node,
@@ -450,10 +429,8 @@ impl CardHost {
             retired.retain(|w| !w.thread.is_finished());
             retired.push(old);
         }
-        let (program, rows_per_weight_read) = self
-            .loaded()
-            .map(|s| (s.summary.clone(), s.rows_per_weight_read.clone()))
-            .unwrap_or_default();
+        let (program, rows_per_weight_read) =
+            (shard.summary.clone(), shard.rows_per_weight_read.clone());
         Ok(LoadShardReply {
             inbox: Some(RegionDescriptor {
                 node: descriptor.node,
@@ -494,11 +471,11 @@ impl CardHost {
             .map(|(node, _)| node.clone())
             .collect();
         attached.sort();
-        let (ready, status, model_fingerprint) = match self.loaded() {
+        let (ready, status, model_fingerprint) = match self.shards.settings() {
             Some(s) => (
                 true,
                 format!("serving card {}", self.config.index),
-                s.fingerprint.clone(),
+                s.fingerprint,
             ),
             None => (
                 false,
@@ -512,19 +489,20 @@ impl CardHost {
             model_fingerprint,
             incarnation: self.incarnation,
             attached,
+            shard_versions: self.shards.versions(),
             ..HealthReply::default()
         }
     }
 
     /// The card's counters and modeled time.
     pub fn stats(&self) -> proto::control::CardStats {
-        let Some(s) = self.loaded() else {
+        let Some(stats) = self.shards.stats() else {
             return proto::control::CardStats {
                 card_index: self.config.index as u32,
                 ..Default::default()
             };
         };
-        let stats = s.card.lock().unwrap_or_else(|p| p.into_inner()).stats();
+        let s = self.shards.counters();
         let layers = stats.layers.iter().chain(std::iter::once(&stats.lm_head));
         proto::control::CardStats {
             card_index: self.config.index as u32,
@@ -573,23 +551,4 @@ impl Drop for CardHost {
     fn drop(&mut self) {
         self.take_workers();
     }
-}
-
-/// The request's activation dtype (empty: f32, what an attention node that names none means).
-fn activation_dtype(text: &str) -> Result<ActivationDtype, ServiceError> {
-    if text.is_empty() {
-        return Ok(ActivationDtype::F32);
-    }
-    text.parse().map_err(ServiceError::Invalid)
-}
-
-/// Time a closure and add it to the shard's compute seconds.
-pub(crate) fn timed<R>(shard: &Shard, f: impl FnOnce() -> R) -> R {
-    let t = Instant::now();
-    let r = f();
-    *shard
-        .compute_seconds
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) += t.elapsed().as_secs_f64();
-    r
 }

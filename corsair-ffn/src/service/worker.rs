@@ -10,8 +10,8 @@ use jetstream::{EndpointRuntime, Region, RegionDescriptor, Transport, WriteReque
 use proto::data::{self, Candidate, Immediate, Kind, LM_HEAD_LAYER, MessageMeta, Proposal, Winner};
 
 use super::cpu_turns::TurnMember;
+use super::shards::{Shard, ShardTable, count_message, timed};
 use super::spans::{CardSpan, SpanLog, ThreadUsage};
-use super::{Shard, timed};
 use crate::executor::Slot;
 use crate::lm_head::{LmProposal, RowSampling};
 
@@ -31,7 +31,10 @@ fn takes_turn(immediate: &Immediate) -> bool {
 
 pub(crate) struct Worker {
     pub card_index: usize,
-    pub shard: Arc<Shard>,
+    /// The card's shard versions: each message names the one it is for.
+    pub shards: Arc<ShardTable>,
+    /// Row dtype of replies (every version shares it).
+    pub wire_dtype: proto::data::WireDtype,
     pub inbox: Region,
     pub reply: RegionDescriptor,
     pub reply_slot: usize,
@@ -84,14 +87,12 @@ impl Worker {
             // micro-batch's message can land meanwhile.
             let decoded = match self.inbox.read_blocking(completion.range()) {
                 Ok(view) => {
-                    self.shard.messages.fetch_add(1, Ordering::Relaxed);
-                    self.shard
-                        .bytes_in
-                        .fetch_add(view.len() as u64, Ordering::Relaxed);
+                    count_message(self.shards.counters(), view.len());
                     self.decode(&view)
                 }
                 Err(e) => Err(format!("cannot read the inbox: {e}")),
             };
+            let shard_version = decoded.as_ref().map_or(0, |r| r.meta.shard);
             let reply = decoded.and_then(|r| self.compute(r));
             if let (Some(log), Some(started)) = (&self.spans, started) {
                 log.push(CardSpan {
@@ -108,18 +109,25 @@ impl Worker {
             // The reply goes out before the turn is given back: the worker woken for the next
             // turn takes this CPU at once, and would otherwise hold the reply back while it
             // computes.
-            self.send_reply(&immediate, completion.immediate, reply);
+            self.send_reply(&immediate, completion.immediate, shard_version, reply);
             drop(turn);
         }
     }
 
     /// Writes a message's reply (or its error) into the node's reply slot.
-    fn send_reply(&self, immediate: &Immediate, raw: u64, reply: Result<Vec<u8>, String>) {
+    fn send_reply(
+        &self,
+        immediate: &Immediate,
+        raw: u64,
+        shard: u32,
+        reply: Result<Vec<u8>, String>,
+    ) {
         let meta = MessageMeta {
             step: immediate.step,
             layer: immediate.layer,
             micro_batch: immediate.micro_batch,
-            dtype: self.shard.wire_dtype,
+            dtype: self.wire_dtype,
+            shard,
         };
         if let Err(message) = &reply {
             tracing::warn!(card = self.card_index, "{message}");
@@ -127,7 +135,8 @@ impl Worker {
         let bytes = reply_for_slot(meta, self.card_index, reply, self.reply_slot);
         let offset = ((self.card_index * SLOTS + immediate.micro_batch as usize % SLOTS)
             * self.reply_slot) as u64;
-        self.shard
+        self.shards
+            .counters()
             .bytes_out
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         let request = WriteRequest::new(&self.reply, offset, Bytes::from(bytes)).immediate(raw);
@@ -152,7 +161,8 @@ impl Worker {
             step: h.step,
             layer: h.layer,
             micro_batch: h.micro_batch,
-            dtype: self.shard.wire_dtype,
+            dtype: self.wire_dtype,
+            shard: h.shard,
         };
         let op = match h.kind {
             Kind::MoeDispatch => {
@@ -214,7 +224,19 @@ impl Worker {
 
     /// Runs a request on the card and encodes the reply.
     fn compute(&self, request: Request) -> Result<Vec<u8>, String> {
-        let mut card = self.shard.card.lock().unwrap_or_else(|p| p.into_inner());
+        let version = request.meta.shard;
+        let shard = self.shards.get(version).ok_or_else(|| {
+            format!(
+                "holds no shard version {version} (it holds {:?}): the node and the card \
+                 disagree on the expert placement",
+                self.shards.versions()
+            )
+        })?;
+        self.compute_on(&shard, request)
+    }
+
+    fn compute_on(&self, shard: &Shard, request: Request) -> Result<Vec<u8>, String> {
+        let mut card = shard.card.lock().unwrap_or_else(|p| p.into_inner());
         let hidden = card.program().hidden;
         if request.hidden != hidden {
             return Err(format!(
@@ -230,13 +252,13 @@ impl Worker {
                 if k != top_k {
                     return Err(format!("{k} slots per row, the model routes to {top_k}"));
                 }
-                let partial = timed(&self.shard, || card.moe_layer(layer, &rows, &slots))
+                let partial = timed(shard, || card.moe_layer(layer, &rows, &slots))
                     .map_err(|e| e.to_string())?;
                 data::encode_rows(Kind::PartialSums, meta, hidden, &partial, &mut out);
             }
             Op::Dense { rows } => {
-                let partial = timed(&self.shard, || card.dense_layer(layer, &rows))
-                    .map_err(|e| e.to_string())?;
+                let partial =
+                    timed(shard, || card.dense_layer(layer, &rows)).map_err(|e| e.to_string())?;
                 data::encode_rows(Kind::PartialSums, meta, hidden, &partial, &mut out);
             }
             Op::LmHead {
@@ -248,8 +270,8 @@ impl Worker {
                 let width = shard_rows.len();
                 let proposals: Vec<Proposal> = if wanted >= width {
                     // Every logit of the shard, as candidates (the full-logits fallback).
-                    let logits = timed(&self.shard, || card.lm_head_logits(&rows))
-                        .map_err(|e| e.to_string())?;
+                    let logits =
+                        timed(shard, || card.lm_head_logits(&rows)).map_err(|e| e.to_string())?;
                     (0..sampling.len())
                         .map(|t| {
                             full_proposal(
@@ -259,10 +281,8 @@ impl Worker {
                         })
                         .collect()
                 } else {
-                    let props = timed(&self.shard, || {
-                        card.lm_head_candidates(&rows, &sampling, wanted)
-                    })
-                    .map_err(|e| e.to_string())?;
+                    let props = timed(shard, || card.lm_head_candidates(&rows, &sampling, wanted))
+                        .map_err(|e| e.to_string())?;
                     props.into_iter().map(to_wire).collect()
                 };
                 data::encode_proposals(meta, wanted.min(width), &proposals, &mut out);
@@ -398,6 +418,7 @@ mod tests {
             layer: 2,
             micro_batch: 1,
             dtype: data::WireDtype::F32,
+            shard: 0,
         };
         // A reply that fits goes out as it is.
         assert_eq!(reply_for_slot(meta, 3, Ok(vec![7; 100]), 100), vec![7; 100]);

@@ -234,12 +234,18 @@ impl Deployment {
             }
             _ => {}
         }
-        if c.placement == PlacementPolicy::Contiguous && c.num_redundant_experts > 0 {
+        if c.placement == PlacementPolicy::Contiguous && c.num_redundant_experts > 0 && !c.eplb {
             return bad(
                 "cards.num_redundant_experts",
-                "is only used with `cards.placement = \"load\"`: set that, or use \
-                 `cards.replicate_experts` for copies of every expert"
+                "is only used with `cards.placement = \"load\"` or `cards.eplb = true`: set \
+                 one, or use `cards.replicate_experts` for copies of every expert"
                     .into(),
+            );
+        }
+        if c.eplb && (c.eplb_window == 0 || c.eplb_step_interval == 0) {
+            return bad(
+                "cards.eplb_window",
+                "and `cards.eplb_step_interval` must be at least 1 step".into(),
             );
         }
         let drain = self.server.shutdown_timeout;
@@ -400,6 +406,12 @@ impl Deployment {
             }),
             _ => None,
         };
+        config.eplb = c.eplb.then_some(planner::eplb::EplbSettings {
+            window: c.eplb_window,
+            step_interval: c.eplb_step_interval,
+            num_redundant_experts: c.num_redundant_experts,
+            ..planner::eplb::EplbSettings::default()
+        });
         config.card_threads = c.card_threads;
         config.card_cpu_mask = c.cpu_mask;
         config.profile = self.card_profile()?;

@@ -167,9 +167,16 @@ pub struct CardsSection {
     /// The routing record `placement = "load"` places by (`afd serve --record-routing`),
     /// relative to this file. Default: none.
     pub expert_load: Option<PathBuf>,
-    /// Extra expert copies per MoE layer with `placement = "load"` (vLLM's name). Default 0:
-    /// one copy of each expert, packed by load.
+    /// Extra expert copies per MoE layer with `placement = "load"` or `eplb` (vLLM's name).
+    /// Default 0: one copy of each expert, packed by load.
     pub num_redundant_experts: usize,
+    /// Move the experts while serving, by the load of the last `eplb_window` steps, every
+    /// `eplb_step_interval` steps (vLLM's `enable_eplb`). Default false.
+    pub eplb: bool,
+    /// Steps of routing each `eplb` placement is computed from. Default 1000 (vLLM's).
+    pub eplb_window: usize,
+    /// Steps between two `eplb` looks at the load. Default 3000 (vLLM's).
+    pub eplb_step_interval: u64,
     /// Extra copies of hot experts, e.g. `[{ expert = 3 }, { layer = 0, expert = 7 }]`.
     /// Default: none.
     pub replicas: Vec<ReplicaSpec>,
@@ -217,6 +224,9 @@ impl Default for CardsSection {
             placement: PlacementPolicy::Contiguous,
             expert_load: None,
             num_redundant_experts: 0,
+            eplb: false,
+            eplb_window: planner::eplb::EplbSettings::default().window,
+            eplb_step_interval: planner::eplb::EplbSettings::default().step_interval,
             replicas: Vec::new(),
             replicate_experts: planner::ReplicateExperts::Auto,
             allow_spill: false,

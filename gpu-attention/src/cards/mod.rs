@@ -36,12 +36,17 @@ struct Inner {
     tracker: CardTracker,
     /// A card's new inbox, until the node's fabric takes it.
     new_inboxes: Vec<Option<RegionDescriptor>>,
+    /// The layout the node dispatches with, and the card shard version it names.
+    layout: CardLayout,
+    shard_version: u32,
+    /// A placement to switch to at the node's next step (an expert move), with its version.
+    pending: Option<(u32, ExpertPlacement)>,
 }
 
 /// The shared state of one attention node's cards.
 pub struct CardBoard {
     inner: Mutex<Inner>,
-    layout: CardLayout,
+    cards: usize,
 }
 
 impl std::fmt::Debug for CardBoard {
@@ -60,8 +65,11 @@ impl CardBoard {
             inner: Mutex::new(Inner {
                 tracker: CardTracker::new(cards, Instant::now(), MISSES_TO_DOWN),
                 new_inboxes: vec![None; cards],
+                layout: layout.clone(),
+                shard_version: 0,
+                pending: None,
             }),
-            layout: layout.clone(),
+            cards,
         }
     }
 
@@ -71,7 +79,49 @@ impl CardBoard {
 
     /// Number of cards.
     pub fn cards(&self) -> usize {
-        self.layout.placement.cards()
+        self.cards
+    }
+
+    /// Asks the node to dispatch with `placement`, naming card shard version `version`, from
+    /// its next step on (an expert move: every card holds that version already). Replaces a
+    /// switch not yet taken.
+    pub fn switch_placement(
+        &self,
+        version: u32,
+        placement: ExpertPlacement,
+    ) -> Result<(), crate::dispatch::PlacementError> {
+        if placement.cards() != self.cards {
+            return Err(crate::dispatch::PlacementError::Cards {
+                placement: placement.cards(),
+                cards: self.cards,
+            });
+        }
+        self.lock().pending = Some((version, placement));
+        Ok(())
+    }
+
+    /// The switch asked for, if any: the board dispatches with it from now on (the node takes
+    /// it between two steps).
+    pub fn take_switch(&self) -> Option<(u32, ExpertPlacement)> {
+        let mut inner = self.lock();
+        let (version, placement) = inner.pending.take()?;
+        inner.layout.placement = placement.clone();
+        inner.shard_version = version;
+        tracing::info!(
+            version,
+            "experts moved: dispatching with shard version {version}"
+        );
+        Some((version, placement))
+    }
+
+    /// The card shard version the node dispatches with (the last switch it took).
+    pub fn shard_version(&self) -> u32 {
+        self.lock().shard_version
+    }
+
+    /// The placement the node dispatches with when every card is up.
+    pub fn placement(&self) -> ExpertPlacement {
+        self.lock().layout.placement.clone()
     }
 
     /// Card `card` answered a heartbeat; [`Action::Rejoin`] asks the caller to load its shard.
@@ -159,7 +209,7 @@ impl CardBoard {
     /// The placement to dispatch with while the cards in `down` are down, or why the node
     /// cannot serve without them (see [`CardLayout::coverage`]).
     pub fn coverage(&self, down: &[usize]) -> Result<ExpertPlacement, (usize, String)> {
-        self.layout.coverage(down)
+        self.lock().layout.coverage(down)
     }
 }
 

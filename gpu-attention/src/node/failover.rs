@@ -69,8 +69,18 @@ impl DisaggregatedNode {
         for (card, inbox) in self.board.take_new_inboxes() {
             self.fabric.replace_inbox(card, inbox);
         }
+        // An expert move switches between two steps: this one dispatches with the new
+        // placement and names the cards' new shard version in every message.
+        let switched = match self.board.take_switch() {
+            Some((version, placement)) => {
+                self.layout.placement = placement;
+                self.shard_version = version;
+                true
+            }
+            None => false,
+        };
         let live = self.board.live();
-        if live.down != self.active.down {
+        if switched || live.down != self.active.down {
             let placement = self.board.coverage(&live.down).map_err(|(card, why)| {
                 let (state, reason) = self.board.state(card);
                 StepError::Card {
@@ -78,7 +88,9 @@ impl DisaggregatedNode {
                     message: format!("card {card} is {state} ({reason}); {why}"),
                 }
             })?;
-            if live.down.is_empty() {
+            if switched && live.down.is_empty() {
+                // Logged by the board.
+            } else if live.down.is_empty() {
                 tracing::info!("every card is up; dispatching to all of them again");
             } else {
                 tracing::warn!(down = ?live.down, "dispatching around the cards that are down");

@@ -267,6 +267,7 @@ impl DisaggregatedNode {
             layer,
             micro_batch: m,
             dtype: self.node.wire_dtype,
+            shard: self.shard_version,
         };
         let mut msg = Vec::new();
         data::encode_lm_head_dispatch(

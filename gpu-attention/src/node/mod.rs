@@ -190,6 +190,8 @@ pub struct DisaggregatedNode {
     /// The KV blocks this node filled, which a prefix-cache hit may name.
     filled: FilledBlocks,
     fabric: Box<dyn CardFabric>,
+    /// The card shard version every message names (see [`CardBoard::switch_placement`]).
+    shard_version: u32,
     step_counter: u64,
     stats: NodeStats,
     /// Picks one or two micro-batches per step under [`MicroBatches::Auto`].
@@ -251,6 +253,7 @@ impl DisaggregatedNode {
             histories: HashMap::new(),
             filled,
             fabric,
+            shard_version: 0,
             step_counter: 0,
             stats: NodeStats::default(),
             overlap: OverlapTuner::default(),

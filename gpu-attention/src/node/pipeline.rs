@@ -185,6 +185,7 @@ impl DisaggregatedNode {
             layer,
             micro_batch,
             dtype: self.node.wire_dtype,
+            shard: self.shard_version,
         }
     }
 

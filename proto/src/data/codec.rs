@@ -17,6 +17,8 @@ pub struct MessageMeta {
     pub micro_batch: u8,
     /// Row dtype.
     pub dtype: WireDtype,
+    /// Card shard version.
+    pub shard: u32,
 }
 
 /// Appends the 32-byte header.
@@ -31,7 +33,7 @@ pub fn encode_header(h: &Header, out: &mut Vec<u8>) {
     out.extend_from_slice(&h.tokens.to_le_bytes());
     out.extend_from_slice(&h.hidden.to_le_bytes());
     out.extend_from_slice(&h.slots.to_le_bytes());
-    out.extend_from_slice(&[0u8; 4]);
+    out.extend_from_slice(&h.shard.to_le_bytes());
 }
 
 fn u16_at(b: &[u8], i: usize) -> u16 {
@@ -68,6 +70,7 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, DecodeError> {
         tokens: u32_at(bytes, 16),
         hidden: u32_at(bytes, 20),
         slots: u32_at(bytes, 24),
+        shard: u32_at(bytes, 28),
     })
 }
 
@@ -242,6 +245,7 @@ fn header(kind: Kind, meta: MessageMeta, tokens: usize, hidden: usize, slots: us
         tokens: tokens as u32,
         hidden: hidden as u32,
         slots: slots as u32,
+        shard: meta.shard,
     }
 }
 

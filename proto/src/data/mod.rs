@@ -1,7 +1,8 @@
 //! Data-plane layouts: the bytes the attention node and the cards write into each other's
 //! JetStream regions, with checked encode and decode (no I/O, no panics on any input).
 //!
-//! Every message is a 32-byte [`Header`] followed by a payload whose size the header fixes.
+//! Every message is a 32-byte [`Header`] (its last 4 bytes the card shard version the message is
+//! for) followed by a payload whose size the header fixes.
 //! Integers and floats are little-endian.
 //!
 //! | kind | message | payload |
@@ -22,7 +23,7 @@ pub use codec::*;
 /// First two bytes of every data-plane message.
 pub const MAGIC: [u8; 2] = *b"AF";
 /// The layout version this crate speaks.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 32;
 /// Expert id marking an unused slot.
@@ -142,6 +143,9 @@ pub struct Header {
     pub hidden: u32,
     /// Expert slots per row (MoE), or candidates per row (LM head).
     pub slots: u32,
+    /// The card shard version the message is for (an expert move adds one; the reply
+    /// repeats it).
+    pub shard: u32,
 }
 
 /// Why bytes are not a valid message.

@@ -12,6 +12,7 @@ fn meta(step: u64, layer: u16, micro_batch: u8, bf16: bool) -> MessageMeta {
         } else {
             WireDtype::F32
         },
+        shard: 7,
     }
 }
 
@@ -29,15 +30,18 @@ proptest! {
     fn moe_dispatch_round_trips(
         tokens in 0usize..6, hidden in 1usize..40, slots in 0usize..5,
         step in any::<u64>(), layer in any::<u16>(), mb in any::<u8>(), seed in any::<u64>(),
+        shard in any::<u32>(),
     ) {
         let rows: Vec<f32> = (0..tokens * hidden).map(|i| ((i as u64 ^ seed) % 1000) as f32 * 0.25 - 100.0).collect();
         let ids: Vec<u32> = (0..tokens * slots).map(|i| if i % 3 == 2 { NO_EXPERT } else { (i as u32) * 7 % 32 }).collect();
         let weights: Vec<f32> = (0..tokens * slots).map(|i| i as f32 / 10.0).collect();
         let mut buf = Vec::new();
-        encode_moe_dispatch(meta(step, layer, mb, false), hidden, &rows, slots, &ids, &weights, &mut buf);
+        let m = MessageMeta { shard, ..meta(step, layer, mb, false) };
+        encode_moe_dispatch(m, hidden, &rows, slots, &ids, &weights, &mut buf);
         prop_assert_eq!(buf.len(), message_len(&decode_header(&buf).unwrap()));
         let d = decode_moe_dispatch(&buf).unwrap();
         prop_assert_eq!((d.header.step, d.header.layer, d.header.micro_batch), (step, layer, mb));
+        prop_assert_eq!(d.header.shard, shard);
         prop_assert_eq!(d.rows.to_f32(), rows);
         for t in 0..tokens {
             for s in 0..slots {

@@ -88,6 +88,16 @@ fn settings(args: &AttentionArgs) -> anyhow::Result<Settings> {
     } else {
         args.cards.clone()
     };
+    if deployment.cards.eplb && deployment.attention.nodes > 1 {
+        anyhow::bail!(
+            "{}: `cards.eplb` moves the experts of cards that one attention node uses, but {} \
+             attention nodes share these cards; serve them from one process (`afd serve \
+             --attention-nodes {}`) or set `attention.nodes = 1`",
+            path.display(),
+            deployment.attention.nodes,
+            deployment.attention.nodes
+        );
+    }
     let mut config = deployment
         .cluster_config()
         .with_context(|| format!("the node settings of {}", path.display()))?;
@@ -115,18 +125,28 @@ pub fn run(args: AttentionArgs) -> anyhow::Result<()> {
     let data_listen = args
         .data_listen
         .unwrap_or(SocketAddr::new(args.listen.ip(), 0));
-    let node = connect_remote_node(&config, args.id, &cards, &args.certs, data_listen, &runtime)
-        .with_context(|| {
-            format!(
-                "connecting attention node {} to the cards {}",
-                args.id,
-                cards.join(",")
-            )
-        })?;
-    let kv = step::AttentionNode::kv_capacity(&node);
+    let (node, targets) =
+        connect_remote_node(&config, args.id, &cards, &args.certs, data_listen, &runtime)
+            .with_context(|| {
+                format!(
+                    "connecting attention node {} to the cards {}",
+                    args.id,
+                    cards.join(",")
+                )
+            })?;
+    let node: Box<dyn step::AttentionNode> = match config.eplb {
+        // This process moves the experts of its cards: they must serve no other node.
+        Some(settings) => deploy::eplb::start(settings, targets, vec![node])
+            .context("starting --eplb")?
+            .nodes
+            .pop()
+            .context("--eplb returned no node")?,
+        None => Box::new(node),
+    };
+    let kv = node.kv_capacity();
     let identity = NodeIdentity::read_pem(&args.certs, &attention_name(args.id))
         .with_context(|| format!("reading attn-{}'s certificate", args.id))?;
-    let node = CountedNode::new(Box::new(node));
+    let node = CountedNode::new(node);
     let live = node.live();
     let service = AttentionService::new(Box::new(node)).into_server();
     let id = args.id;

@@ -34,6 +34,7 @@ pub struct ClusterArgs {
 
 /// Attention-node and shard settings, for embedded and multi-process deployments alike.
 #[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("by_load").args(["expert_load", "eplb"]).multiple(true)))]
 pub struct NodeArgs {
     /// Where the attention node computes: cpu (afd's CPU kernels), cuda or cuda:N (an NVIDIA
     /// GPU; needs a build with --features cuda), or candle-cpu (the GPU's code path on the CPU,
@@ -71,10 +72,25 @@ pub struct NodeArgs {
     /// keys: `cards.placement = "load"`, `cards.expert_load`.
     #[arg(long, value_name = "FILE")]
     pub expert_load: Option<PathBuf>,
-    /// With --expert-load: extra expert copies per MoE layer, each to the expert with the most
-    /// load per copy (vLLM's name). Deployment-file key: `cards.num_redundant_experts`.
-    #[arg(long, default_value_t = 0, requires = "expert_load")]
+    /// With --expert-load or --eplb: extra expert copies per MoE layer, each to the expert
+    /// with the most load per copy (vLLM's name). Deployment-file key:
+    /// `cards.num_redundant_experts`.
+    #[arg(long, default_value_t = 0, requires = "by_load")]
     pub num_redundant_experts: usize,
+    /// Move the experts while serving: every --eplb-step-interval steps, place them by the
+    /// load of the last --eplb-window steps, and when that is more even, build the new shares
+    /// on the cards in the background and switch every node between two steps (vLLM's
+    /// --enable-eplb). Deployment-file key: `cards.eplb`.
+    #[arg(long)]
+    pub eplb: bool,
+    /// Steps of routing each --eplb placement is computed from. Deployment-file key:
+    /// `cards.eplb_window`.
+    #[arg(long, default_value_t = planner::eplb::EplbSettings::default().window, requires = "eplb")]
+    pub eplb_window: usize,
+    /// Steps between two --eplb looks at the load. Deployment-file key:
+    /// `cards.eplb_step_interval`.
+    #[arg(long, default_value_t = planner::eplb::EplbSettings::default().step_interval, requires = "eplb")]
+    pub eplb_step_interval: u64,
     /// Keep the attention node's weights in the memory-mapped checkpoint (4 KB page-cache
     /// pages) instead of copying them into transparent huge pages at load, which its CPU
     /// kernels stream faster. Deployment-file key: `model.huge_pages = false`.
@@ -144,6 +160,12 @@ impl NodeArgs {
                     record: record.clone(),
                     num_redundant_experts: self.num_redundant_experts,
                 });
+        c.eplb = self.eplb.then_some(planner::eplb::EplbSettings {
+            window: self.eplb_window,
+            step_interval: self.eplb_step_interval,
+            num_redundant_experts: self.num_redundant_experts,
+            ..planner::eplb::EplbSettings::default()
+        });
         c.huge_pages = !self.no_huge_pages;
         c.node.reply_timeout = std::time::Duration::from_secs_f64(self.reply_timeout.max(0.001));
         c.node.micro_batches = self.micro_batches;

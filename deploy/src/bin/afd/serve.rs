@@ -265,11 +265,19 @@ pub fn build_nodes(
             config.model.display()
         )
     })?;
-    let nodes = cluster
-        .take_nodes()
-        .into_iter()
-        .map(|node| Box::new(node) as Box<dyn AttentionNode>)
-        .collect();
+    let nodes = match config.eplb {
+        Some(settings) => {
+            let targets = cluster.move_targets();
+            deploy::eplb::start(settings, targets, cluster.take_nodes())
+                .context("starting --eplb")?
+                .nodes
+        }
+        None => cluster
+            .take_nodes()
+            .into_iter()
+            .map(|node| Box::new(node) as Box<dyn AttentionNode>)
+            .collect(),
+    };
     Ok((Deployment::Embedded(cluster), nodes))
 }
 

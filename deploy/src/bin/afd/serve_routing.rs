@@ -41,7 +41,7 @@ pub(crate) fn record_routing(
                 .map(|n| {
                     Box::new(emulate::record::RecordingNode::new(
                         n,
-                        Arc::clone(&recorder),
+                        Arc::clone(&recorder) as Arc<dyn emulate::record::RoutingObserver>,
                     )) as Box<dyn AttentionNode>
                 })
                 .collect();

@@ -68,6 +68,7 @@ impl CardFabric for MemoryCards {
             layer: h.layer,
             micro_batch: h.micro_batch,
             dtype: h.dtype,
+            shard: h.shard,
         };
         let cfg = self.weights.config.clone();
         let hidden = cfg.hidden_size;
