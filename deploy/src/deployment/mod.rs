@@ -248,6 +248,12 @@ impl Deployment {
                 "and `cards.eplb_step_interval` must be at least 1 step".into(),
             );
         }
+        if !(c.eplb_min_gain.is_finite() && (0.0..=1.0).contains(&c.eplb_min_gain)) {
+            return bad(
+                "cards.eplb_min_gain",
+                "must be a balancedness gain between 0 and 1".into(),
+            );
+        }
         let drain = self.server.shutdown_timeout;
         if !(drain.is_finite() && drain >= 0.0) {
             return bad(
@@ -410,7 +416,7 @@ impl Deployment {
             window: c.eplb_window,
             step_interval: c.eplb_step_interval,
             num_redundant_experts: c.num_redundant_experts,
-            ..planner::eplb::EplbSettings::default()
+            min_gain: c.eplb_min_gain,
         });
         config.card_threads = c.card_threads;
         config.card_cpu_mask = c.cpu_mask;

@@ -177,6 +177,9 @@ pub struct CardsSection {
     pub eplb_window: usize,
     /// Steps between two `eplb` looks at the load. Default 3000 (vLLM's).
     pub eplb_step_interval: u64,
+    /// How much more even (mean balancedness) an `eplb` placement must be than the one serving
+    /// to be worth a move. Default 0.1.
+    pub eplb_min_gain: f64,
     /// Extra copies of hot experts, e.g. `[{ expert = 3 }, { layer = 0, expert = 7 }]`.
     /// Default: none.
     pub replicas: Vec<ReplicaSpec>,
@@ -227,6 +230,7 @@ impl Default for CardsSection {
             eplb: false,
             eplb_window: planner::eplb::EplbSettings::default().window,
             eplb_step_interval: planner::eplb::EplbSettings::default().step_interval,
+            eplb_min_gain: planner::eplb::EplbSettings::default().min_gain,
             replicas: Vec::new(),
             replicate_experts: planner::ReplicateExperts::Auto,
             allow_spill: false,

@@ -91,6 +91,11 @@ pub struct NodeArgs {
     /// `cards.eplb_step_interval`.
     #[arg(long, default_value_t = planner::eplb::EplbSettings::default().step_interval, requires = "eplb")]
     pub eplb_step_interval: u64,
+    /// How much more even (mean balancedness over the MoE layers, 0 to 1) an --eplb placement
+    /// must be than the one serving to be worth a move. Deployment-file key:
+    /// `cards.eplb_min_gain`.
+    #[arg(long, default_value_t = planner::eplb::EplbSettings::default().min_gain, requires = "eplb", value_parser = parse_gain)]
+    pub eplb_min_gain: f64,
     /// Keep the attention node's weights in the memory-mapped checkpoint (4 KB page-cache
     /// pages) instead of copying them into transparent huge pages at load, which its CPU
     /// kernels stream faster. Deployment-file key: `model.huge_pages = false`.
@@ -164,7 +169,7 @@ impl NodeArgs {
             window: self.eplb_window,
             step_interval: self.eplb_step_interval,
             num_redundant_experts: self.num_redundant_experts,
-            ..planner::eplb::EplbSettings::default()
+            min_gain: self.eplb_min_gain,
         });
         c.huge_pages = !self.no_huge_pages;
         c.node.reply_timeout = std::time::Duration::from_secs_f64(self.reply_timeout.max(0.001));
@@ -178,6 +183,14 @@ impl NodeArgs {
             gpu_memory_utilization: self.gpu_memory_utilization,
         };
         c
+    }
+}
+
+/// A balancedness gain in [0, 1].
+fn parse_gain(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(g) if g.is_finite() && (0.0..=1.0).contains(&g) => Ok(g),
+        _ => Err(format!("`{s}` is not a balancedness gain between 0 and 1")),
     }
 }
 
