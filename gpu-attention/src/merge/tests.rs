@@ -11,6 +11,7 @@ use crate::sampler::{TokenHistory, sample_row};
 use step::Penalties;
 
 mod constrained;
+mod filtered_bounds;
 
 /// What a card holding `tokens` of `logits` proposes with `k` candidates, as the card does
 /// (`corsair-ffn`'s LM-head shard).
