@@ -18,6 +18,8 @@ pub struct LoadPlacement {
     pub record: PathBuf,
     /// Extra copies per MoE layer beyond one of each expert (vLLM's `num_redundant_experts`).
     pub num_redundant_experts: usize,
+    /// Equal groups of cards each expert's copies stay inside (0 or 1: one group).
+    pub card_groups: usize,
 }
 
 /// The measured load of `record`, checked against `model`'s shape.
@@ -50,13 +52,18 @@ pub fn assignments_by_load(
             replicas: Vec::new(),
         },
     )?;
-    let placed =
-        planner::balance::balance(model, &measured, &contiguous, load.num_redundant_experts)
-            .map_err(|e| {
-                Error::Config(format!(
-                    "placing the experts by the load in {}: {e}",
-                    load.record.display()
-                ))
-            })?;
+    let placed = planner::balance::balance(
+        model,
+        &measured,
+        &contiguous,
+        load.num_redundant_experts,
+        load.card_groups,
+    )
+    .map_err(|e| {
+        Error::Config(format!(
+            "placing the experts by the load in {}: {e}",
+            load.record.display()
+        ))
+    })?;
     Ok((placed.assignments(&contiguous), placed))
 }

@@ -67,6 +67,7 @@ fn a_placement_by_load_copies_the_hot_experts_splits_their_rows_and_keeps_the_to
     config.expert_load = Some(LoadPlacement {
         record: record.clone(),
         num_redundant_experts: 2,
+        card_groups: 1,
     });
     let mut cluster = EmbeddedCluster::start(&config, &mut |_| {}).unwrap();
     // Two extra copies a layer go to the two hottest experts: both cards hold 0 and 1; the

@@ -38,6 +38,7 @@ fn target(cards: usize, replicate: bool, micro_batches: MicroBatches) -> Target 
             } else {
                 ReplicateExperts::Never
             },
+            groups: 1,
         },
         micro_batches,
         workload: PlannedWorkload {

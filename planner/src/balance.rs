@@ -39,6 +39,10 @@ use crate::cards::CardSet;
 use crate::error::{Error, Result};
 use crate::expected::expected_layer_under_load;
 
+mod groups;
+
+pub use groups::balance_layer_in_groups;
+
 /// Tokens routed to each expert of each layer, as measured (`afd serve --record-routing` or
 /// `afd emulate --record-routing`, summed over the record's windows).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -366,12 +370,15 @@ fn move_copy(holders: &mut [usize], from: usize, to: usize) {
 
 /// The placement of `config`'s experts on `cards` cards by `load`, with `redundant` extra
 /// copies per MoE layer, against the placement it replaces (`current`: one assignment per
-/// card, as the compiler's default placement gives).
+/// card, as the compiler's default placement gives). With `groups` of 2 or more the cards form
+/// that many equal groups and every copy of an expert stays in one ([`balance_layer_in_groups`]);
+/// 0 or 1 places globally.
 pub fn balance(
     config: &ModelConfig,
     load: &ExpertLoad,
     current: &[CardAssignment],
     redundant: usize,
+    groups: usize,
 ) -> Result<BalancedPlacement> {
     let experts = config.moe.map_or(0, |m| m.num_experts);
     let cards = current.len();
@@ -379,6 +386,11 @@ pub fn balance(
         return Err(Error::Config(
             "placement by load needs at least one card".into(),
         ));
+    }
+    if groups > 1 && !cards.is_multiple_of(groups) {
+        return Err(Error::Config(format!(
+            "{cards} cards cannot form {groups} equal groups: make the card groups divide the cards"
+        )));
     }
     let moe = config.moe_layers();
     if load.layers.len() != moe.len() {
@@ -408,7 +420,7 @@ pub fn balance(
         }
         let was = holders_of(current, layer, experts);
         let before = balancedness(&card_loads(counts, &was, cards));
-        let now = balance_layer(counts, cards, redundant);
+        let now = balance_layer_in_groups(counts, cards, groups, redundant);
         let after = balancedness(&card_loads(counts, &now, cards));
         out.before.push(before);
         // Greedy packing can come out behind the placement it replaces (with few or no copies

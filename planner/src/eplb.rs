@@ -19,6 +19,8 @@ pub struct EplbSettings {
     pub step_interval: u64,
     /// Extra copies per MoE layer beyond one of each expert (`--num-redundant-experts`).
     pub num_redundant_experts: usize,
+    /// Equal groups of cards each expert's copies stay inside (`--card-groups`; 0 or 1: one).
+    pub card_groups: usize,
     /// How much more even (mean balancedness over the MoE layers, on the window's load) a new
     /// placement must be to be worth moving weights for (`--eplb-min-gain`). A placement fit to
     /// a window always looks better on that window than on the next: on Zipf-skewed traffic
@@ -34,6 +36,7 @@ impl Default for EplbSettings {
             window: 1000,
             step_interval: 3000,
             num_redundant_experts: 0,
+            card_groups: 1,
             min_gain: 0.1,
         }
     }
@@ -152,7 +155,13 @@ pub fn decide_move(
     serving: &[CardAssignment],
     settings: &EplbSettings,
 ) -> Result<MoveDecision> {
-    let placed = balance(config, load, serving, settings.num_redundant_experts)?;
+    let placed = balance(
+        config,
+        load,
+        serving,
+        settings.num_redundant_experts,
+        settings.card_groups,
+    )?;
     let (now, best) = (placed.mean_before(), placed.mean_after());
     let routed: u64 = load.layers.iter().flatten().sum();
     if routed == 0 || best < now + settings.min_gain || placed.assignments(serving) == serving {

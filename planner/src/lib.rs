@@ -98,6 +98,9 @@ pub struct CardsTarget {
     pub replicas: Vec<ExpertReplica>,
     /// Whether every expert gets a second copy.
     pub replicate_experts: ReplicateExperts,
+    /// Equal groups of cards behind their own network boundary; a placement by load keeps each
+    /// expert's copies inside one (0 or 1: one group).
+    pub groups: usize,
 }
 
 impl Target {

@@ -57,7 +57,7 @@ pub fn plan_by_load(
             what: "placing the model on the cards".into(),
             source: Box::new(source),
         })?;
-    let placement = balance::balance(config, load, &default, redundant)?;
+    let placement = balance::balance(config, load, &default, redundant, target.cards.groups)?;
     let options = target.compile_options();
     let mut cards = Vec::new();
     let mut programs = Vec::new();

@@ -242,6 +242,15 @@ impl Deployment {
                     .into(),
             );
         }
+        if c.groups == 0 || (c.count > 0 && !c.count.is_multiple_of(c.groups)) {
+            return bad(
+                "cards.groups",
+                format!(
+                    "= {} must be at least 1 and divide `cards.count` ({}): the groups are equal",
+                    c.groups, c.count
+                ),
+            );
+        }
         if c.eplb && (c.eplb_window == 0 || c.eplb_step_interval == 0) {
             return bad(
                 "cards.eplb_window",
@@ -409,6 +418,7 @@ impl Deployment {
             (PlacementPolicy::Load, Some(record)) => Some(crate::load_placement::LoadPlacement {
                 record: record.clone(),
                 num_redundant_experts: c.num_redundant_experts,
+                card_groups: c.groups,
             }),
             _ => None,
         };
@@ -416,6 +426,7 @@ impl Deployment {
             window: c.eplb_window,
             step_interval: c.eplb_step_interval,
             num_redundant_experts: c.num_redundant_experts,
+            card_groups: c.groups,
             min_gain: c.eplb_min_gain,
         });
         config.card_threads = c.card_threads;

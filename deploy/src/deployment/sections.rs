@@ -170,6 +170,11 @@ pub struct CardsSection {
     /// Extra expert copies per MoE layer with `placement = "load"` or `eplb` (vLLM's name).
     /// Default 0: one copy of each expert, packed by load.
     pub num_redundant_experts: usize,
+    /// Equal groups of consecutive cards, each behind its own network boundary (a host, a
+    /// switch, its own link from the attention nodes): placement by load (`placement = "load"`,
+    /// `eplb`) first evens the groups' loads and keeps every copy of an expert inside one group
+    /// (DeepSeek's hierarchical EPLB). Must divide `count`. Default 1: one group.
+    pub groups: usize,
     /// Move the experts while serving, by the load of the last `eplb_window` steps, every
     /// `eplb_step_interval` steps (vLLM's `enable_eplb`). Default false.
     pub eplb: bool,
@@ -227,6 +232,7 @@ impl Default for CardsSection {
             placement: PlacementPolicy::Contiguous,
             expert_load: None,
             num_redundant_experts: 0,
+            groups: 1,
             eplb: false,
             eplb_window: planner::eplb::EplbSettings::default().window,
             eplb_step_interval: planner::eplb::EplbSettings::default().step_interval,

@@ -267,3 +267,34 @@ fn placement_by_load_needs_its_record_and_replaces_the_other_copies() {
         assert!(e.contains(key), "{text}: {e}");
     }
 }
+
+#[test]
+fn eplb_and_card_groups_reach_the_cluster_settings_and_bad_values_name_their_key() {
+    let d = parse(
+        "[cards]\ncount = 4\ngroups = 2\neplb = true\neplb_window = 50\neplb_step_interval = 70\n\
+         eplb_min_gain = 0.2\nnum_redundant_experts = 4\n",
+    )
+    .unwrap();
+    let eplb = d.cluster_config().unwrap().eplb.unwrap();
+    assert_eq!(
+        (eplb.window, eplb.step_interval, eplb.num_redundant_experts),
+        (50, 70, 4)
+    );
+    assert_eq!((eplb.card_groups, eplb.min_gain), (2, 0.2));
+    // Without eplb, extra copies need a placement by load.
+    assert!(
+        parse("[cards]\nnum_redundant_experts = 2\n")
+            .unwrap_err()
+            .to_string()
+            .contains("cards.eplb")
+    );
+    for (text, key) in [
+        ("count = 4\ngroups = 3\n", "cards.groups"),
+        ("groups = 0\n", "cards.groups"),
+        ("eplb = true\neplb_window = 0\n", "cards.eplb_window"),
+        ("eplb = true\neplb_min_gain = 1.5\n", "cards.eplb_min_gain"),
+    ] {
+        let e = parse(&format!("[cards]\n{text}")).unwrap_err().to_string();
+        assert!(e.contains(key), "{text}: {e}");
+    }
+}

@@ -39,6 +39,7 @@ pub fn target(d: &Deployment) -> Target {
             allow_spill: d.cards.allow_spill,
             replicas: d.cards.listed_replicas(),
             replicate_experts: d.cards.replicate_experts,
+            groups: d.cards.groups,
         },
         micro_batches: d.overlap.micro_batches.0,
         workload: planner::PlannedWorkload {

@@ -87,7 +87,7 @@ fn the_placement_becomes_each_cards_share() {
             })
             .collect(),
     };
-    let placed = balance(&config, &load, &default, 2).unwrap();
+    let placed = balance(&config, &load, &default, 2, 1).unwrap();
     assert_eq!(placed.before.len(), placed.after.len());
     let shares = placed.assignments(&default);
     for (layer, holders) in placed.layers.iter().enumerate() {
@@ -108,7 +108,7 @@ fn the_placement_becomes_each_cards_share() {
     let short = ExpertLoad {
         layers: load.layers[1..].to_vec(),
     };
-    let err = balance(&config, &short, &default, 2)
+    let err = balance(&config, &short, &default, 2, 1)
         .unwrap_err()
         .to_string();
     assert!(err.contains("measure the load of the same model"), "{err}");
@@ -149,7 +149,10 @@ proptest! {
         seed in any::<u64>(),
         cards in 1usize..6,
         redundant in 0usize..8,
+        grouped in any::<bool>(),
     ) {
+        // In two groups where the cards divide (hierarchical), else one.
+        let groups = if grouped && cards % 2 == 0 { 2 } else { 1 };
         let (config, _) = crate::named_shape(model::Family::GptOss, "tiny").unwrap();
         let experts = config.moe.unwrap().num_experts;
         let default = plan_placement(&config, &PlacementOptions { cards, replicas: vec![] }).unwrap();
@@ -170,7 +173,7 @@ proptest! {
                 })
                 .collect(),
         };
-        let placed = balance(&config, &load, &default, redundant).unwrap();
+        let placed = balance(&config, &load, &default, redundant, groups).unwrap();
         for (b, a) in placed.before.iter().zip(&placed.after) {
             prop_assert!(a >= b, "{} -> {}", b, a);
         }
@@ -289,7 +292,7 @@ fn the_placement_by_load_shortens_the_modeled_step_of_a_skewed_load() {
     assert_eq!(slowest_card, 0, "{:?}", skewed.per_card);
 
     // Enough copies for a copy of each hot expert on every card.
-    let placed = balance(&config, &load, &default, hot * (cards - 1)).unwrap();
+    let placed = balance(&config, &load, &default, hot * (cards - 1), 1).unwrap();
     assert!(placed.mean_before() < 0.5, "{:?}", placed.before);
     assert!(placed.mean_after() > 0.9, "{:?}", placed.after);
     let after_set = card_set(&placed.assignments(&default));

@@ -77,6 +77,12 @@ pub struct NodeArgs {
     /// `cards.num_redundant_experts`.
     #[arg(long, default_value_t = 0, requires = "by_load")]
     pub num_redundant_experts: usize,
+    /// With --expert-load or --eplb: the cards form this many equal groups, each behind its own
+    /// network boundary; placement by load evens the groups first and keeps every copy of an
+    /// expert inside one (DeepSeek's hierarchical EPLB). Must divide --cards. Deployment-file
+    /// key: `cards.groups`.
+    #[arg(long, default_value_t = 1, requires = "by_load")]
+    pub card_groups: usize,
     /// Move the experts while serving: every --eplb-step-interval steps, place them by the
     /// load of the last --eplb-window steps, and when that is more even, build the new shares
     /// on the cards in the background and switch every node between two steps (vLLM's
@@ -164,11 +170,13 @@ impl NodeArgs {
                 .map(|record| deploy::load_placement::LoadPlacement {
                     record: record.clone(),
                     num_redundant_experts: self.num_redundant_experts,
+                    card_groups: self.card_groups,
                 });
         c.eplb = self.eplb.then_some(planner::eplb::EplbSettings {
             window: self.eplb_window,
             step_interval: self.eplb_step_interval,
             num_redundant_experts: self.num_redundant_experts,
+            card_groups: self.card_groups,
             min_gain: self.eplb_min_gain,
         });
         c.huge_pages = !self.no_huge_pages;

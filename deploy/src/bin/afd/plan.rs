@@ -39,6 +39,10 @@ pub struct PlanArgs {
     /// per copy (vLLM's name).
     #[arg(long, default_value_t = 0, requires = "expert_load")]
     num_redundant_experts: usize,
+    /// With --expert-load: the cards form this many equal groups, each expert's copies inside
+    /// one (default: the file's `cards.groups`).
+    #[arg(long, requires = "expert_load")]
+    card_groups: Option<usize>,
 }
 
 impl PlanArgs {
@@ -52,6 +56,9 @@ impl PlanArgs {
         set(&mut d.workload.batch, self.batch);
         set(&mut d.workload.input_len, self.input_len);
         set(&mut d.workload.output_len, self.output_len);
+        if let Some(groups) = self.card_groups {
+            d.cards.groups = groups;
+        }
     }
 }
 

@@ -85,6 +85,7 @@ fn modeled_steps(
             allow_spill: node.allow_spill,
             replicas: Vec::new(),
             replicate_experts: node.replicate_experts,
+            groups: node.card_groups,
         },
         micro_batches: node.micro_batches,
         workload: planner::PlannedWorkload {
