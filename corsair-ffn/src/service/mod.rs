@@ -220,17 +220,14 @@ impl CardHost {
         let shard = {
             // Held across the build: a second node attaching meanwhile waits for it.
             let _loading = self.loading.lock().unwrap_or_else(|p| p.into_inner());
-            match self.shards.settings() {
-                Some(loaded) if !loaded.compatible(&settings) => {
-                    return Err(ServiceError::Refused(format!(
-                        "card {me} already serves another shard (model {}, format {}); every \
-                         attention node sharing the cards must use the same model, placement, \
-                         formats and activation dtype",
-                        loaded.fingerprint, loaded.weight_format
-                    )));
-                }
-                Some(_) => {}
-                None => self.shards.set_settings(settings.clone()),
+            let loaded = self.shards.settings();
+            if let Some(loaded) = loaded.as_ref().filter(|l| !l.compatible(&settings)) {
+                return Err(ServiceError::Refused(format!(
+                    "card {me} already serves another shard (model {}, format {}); every \
+                     attention node sharing the cards must use the same model, placement, \
+                     formats and activation dtype",
+                    loaded.fingerprint, loaded.weight_format
+                )));
             }
             match self.shards.get(req.shard_version) {
                 Some(s) if s.assignment_json != req.assignment_json => {
@@ -242,13 +239,16 @@ impl CardHost {
                 }
                 Some(s) => s,
                 None => {
-                    let loaded = self.shards.settings().unwrap_or(settings);
+                    // The first shard's settings are every later version's; a build that
+                    // fails leaves the card as it was.
+                    let settings = loaded.unwrap_or(settings);
                     let s = Arc::new(build_shard(
                         &self.context(),
-                        &loaded,
+                        &settings,
                         req.shard_version,
                         &req.assignment_json,
                     )?);
+                    self.shards.set_settings(settings);
                     self.shards.insert(Arc::clone(&s));
                     s
                 }
@@ -471,13 +471,14 @@ impl CardHost {
             .map(|(node, _)| node.clone())
             .collect();
         attached.sort();
+        let held = self.shards.versions();
         let (ready, status, model_fingerprint) = match self.shards.settings() {
-            Some(s) => (
+            Some(s) if !held.is_empty() => (
                 true,
                 format!("serving card {}", self.config.index),
                 s.fingerprint,
             ),
-            None => (
+            _ => (
                 false,
                 format!("card {} is waiting for a shard", self.config.index),
                 String::new(),
@@ -489,7 +490,7 @@ impl CardHost {
             model_fingerprint,
             incarnation: self.incarnation,
             attached,
-            shard_versions: self.shards.versions(),
+            shard_versions: held,
             ..HealthReply::default()
         }
     }

@@ -148,9 +148,10 @@ impl ShardTable {
         self.lock().versions.iter().map(|s| s.version).collect()
     }
 
-    /// Records the settings every version is built with (the first load).
+    /// Records the settings every version is built with (the first load's; later calls keep
+    /// them).
     pub fn set_settings(&self, settings: ShardSettings) {
-        self.lock().settings = Some(settings);
+        self.lock().settings.get_or_insert(settings);
     }
 
     /// Adds `shard` (replacing a version of the same number).

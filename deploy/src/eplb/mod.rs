@@ -28,7 +28,7 @@ use gpu_attention::node::DisaggregatedNode;
 use model::ModelConfig;
 use planner::balance::ExpertLoad;
 use planner::eplb::{EplbSettings, LoadWindow, MoveDecision, decide_move};
-use proto::control::{ReleaseShardsRequest, StageShardRequest};
+use proto::control::{ReleaseShardsRequest, StageShardReply, StageShardRequest};
 use step::{AttentionNode, StepRouting};
 
 use crate::cluster::{CardControl, card_layout};
@@ -186,16 +186,39 @@ impl Rebalancer {
     /// Stages `assignments` as shard `version` on every card, switches every node to it, and
     /// frees the old versions.
     fn move_to(&self, version: u32, assignments: &[CardAssignment]) -> Result<()> {
+        // Every card builds its share at once (each on its own machine, or its own thread here).
+        let replies: Vec<Result<StageShardReply>> = std::thread::scope(|scope| {
+            let staging: Vec<_> = self
+                .targets
+                .cards
+                .iter()
+                .zip(assignments)
+                .enumerate()
+                .map(|(i, (card, share))| {
+                    scope.spawn(move || {
+                        card.stage_shard(StageShardRequest {
+                            card_index: i as u32,
+                            shard_version: version,
+                            assignment_json: serde_json::to_string(share)
+                                .map_err(Error::AssignmentJson)?,
+                        })
+                    })
+                })
+                .collect();
+            staging
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Config("--eplb: a card's staging panicked".into()))
+                    })
+                })
+                .collect()
+        });
         let mut rows_per_weight_read = vec![u32::MAX; self.targets.model.num_layers()];
-        for (i, (card, share)) in self.targets.cards.iter().zip(assignments).enumerate() {
-            let reply = card.stage_shard(StageShardRequest {
-                card_index: i as u32,
-                shard_version: version,
-                assignment_json: serde_json::to_string(share).map_err(Error::AssignmentJson)?,
-            })?;
+        for reply in replies {
             for (slot, &rows) in rows_per_weight_read
                 .iter_mut()
-                .zip(&reply.rows_per_weight_read)
+                .zip(&reply?.rows_per_weight_read)
             {
                 if rows > 0 {
                     *slot = (*slot).min(rows);
@@ -205,6 +228,13 @@ impl Rebalancer {
         let placement = card_layout(&self.targets.model, assignments)?
             .placement
             .with_rows_per_weight_read(&rows_per_weight_read);
+        if let Some(board) = self.boards.iter().find(|b| b.cards() != placement.cards()) {
+            return Err(Error::Config(format!(
+                "--eplb: a placement over {} cards for a node with {}",
+                placement.cards(),
+                board.cards()
+            )));
+        }
         // From here a rejoining card loads the new version.
         self.targets.book.set(version, assignments.to_vec());
         for board in &self.boards {
@@ -250,8 +280,6 @@ struct Shared {
     interval: u64,
     looks: SyncSender<ExpertLoad>,
 }
-
-impl Shared {}
 
 impl RoutingObserver for Shared {
     /// Adds a step's routing; every `interval` steps, hands the window's load to the
