@@ -4,6 +4,7 @@
 
 mod compute;
 mod failover;
+mod host_threads;
 mod lm_head;
 mod overlap;
 mod pipeline;
@@ -177,7 +178,7 @@ pub struct DisaggregatedNode {
     /// `None` when they would be no more than the process's pool.
     solo_pool: Option<Arc<rayon::ThreadPool>>,
     /// Attention work (weights times tokens a layer) from which a step takes the solo pool;
-    /// [`SOLO_MIN_LAYER_WORK`], lowered by tests to put small fixtures on the pool.
+    /// [`host_threads::SOLO_MIN_LAYER_WORK`], lowered by tests to put small fixtures on the pool.
     solo_min_work: usize,
     /// The LM head's weight, for the vocabulary rows of cards that are down.
     lm_weight: model::WeightMatrix,
@@ -235,7 +236,7 @@ impl DisaggregatedNode {
         }
         let compute = Compute::new(weights, &node.kv, node.device)?;
         let filled = FilledBlocks::new(compute.capacity());
-        let solo_pool = solo_pool(node.solo_threads, &compute)?;
+        let solo_pool = host_threads::solo_pool(node.solo_threads, &compute)?;
         let board = Arc::new(CardBoard::new(&layout));
         Ok(DisaggregatedNode {
             lm_weight: weights.lm_head.clone(),
@@ -245,7 +246,7 @@ impl DisaggregatedNode {
             trace: Trace::new(node.trace),
             compute,
             solo_pool,
-            solo_min_work: SOLO_MIN_LAYER_WORK,
+            solo_min_work: host_threads::SOLO_MIN_LAYER_WORK,
             config,
             node,
             layout,
@@ -337,65 +338,6 @@ impl DisaggregatedNode {
             );
         }
     }
-}
-
-/// Work (weights times tokens) a layer's attention must have for a step to hand it to the solo
-/// pool. Below this the hand-over, twice a layer, costs more than the second core saves.
-/// Measured on 2 cores: GPT-OSS-20B at one token (26.5 M weights a layer) went from 129 to 116
-/// ms a step, and a medium Mixtral at 16 tokens spent 3.7, 3.7 and 5.0 ms a step in attention
-/// (three runs) instead of 5.0-5.3. The same Mixtral at one token (1.5 M) first went from
-/// 8.2-8.4 to 8.6 ms (a Zen 4 VM, 4 M here); once the AVX2 kernels read their inputs in place,
-/// on a Zen 3 VM, `afd serve --cards 2` at c=1 had a median TPOT of 12.7-14.7 ms a token (four
-/// rounds, alternated; 13.5 on average) against 14.0-15.0 (14.4) with the attention on one
-/// core, and its attention took 0.24-0.26 against 0.30-0.34 ms a layer in `afd generate` traces.
-const SOLO_MIN_LAYER_WORK: usize = 1 << 20;
-
-/// Weights of one layer's q, k, v and o projections.
-fn attention_weights(config: &ModelConfig) -> usize {
-    config.hidden_size * 2 * (config.q_dim() + config.kv_dim())
-}
-
-/// Attention work of one layer at `tokens` tokens: weights times tokens.
-fn attention_work(config: &ModelConfig, tokens: usize) -> usize {
-    attention_weights(config).saturating_mul(tokens)
-}
-
-/// The pool of [`NodeConfig::solo_threads`] threads, for the host path when it is wider than
-/// the process's pool (a device computes on its own).
-fn solo_pool(
-    threads: usize,
-    compute: &Compute,
-) -> Result<Option<Arc<rayon::ThreadPool>>, StepError> {
-    if !matches!(compute, Compute::Host(_)) || threads <= rayon::current_num_threads() {
-        return Ok(None);
-    }
-    compute_pool(threads).map(Some)
-}
-
-/// A pool of `threads` compute threads for the attention, each pinned to a CPU of its own when
-/// the pool is as wide as the CPUs the process may use (a narrower pool is left to the OS, so
-/// that several processes on one host do not all crowd onto the first CPUs). The pool wakes
-/// twice a layer, and a guest scheduler that packs waking threads onto fewer vCPUs (this
-/// project's 2-vCPU VMs, `sched_vcpu_pack`) often ran both on one: GPT-OSS-20B on 8 cards at
-/// one token took 205-210 ms a step pinned against 214-276 unpinned, four runs each,
-/// alternated (`afd generate --trace`); a batch of 4 stayed within the noise (500-553 against
-/// 508-534).
-fn compute_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, StepError> {
-    let cpus = core_affinity::get_core_ids().unwrap_or_default();
-    let pin = threads > 1 && threads == cpus.len();
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("afd-attention-{i}"))
-        .start_handler(move |i| {
-            if pin && !core_affinity::set_for_current(cpus[i]) {
-                tracing::debug!(cpu = cpus[i].id, "could not pin an attention thread");
-            }
-        })
-        .build()
-        .map(Arc::new)
-        .map_err(|e| {
-            InvalidStep::Setup(format!("cannot start {threads} attention threads: {e}")).into()
-        })
 }
 
 impl AttentionNode for DisaggregatedNode {

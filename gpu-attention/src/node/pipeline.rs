@@ -92,7 +92,7 @@ impl DisaggregatedNode {
         let mut stash: HashMap<(usize, u8, usize), Vec<u8>> = HashMap::new();
         let solo = match (&self.solo_pool, mbs.as_slice()) {
             (Some(pool), [mb])
-                if super::attention_work(&self.config, mb.positions.len())
+                if super::host_threads::attention_work(&self.config, mb.positions.len())
                     >= self.solo_min_work =>
             {
                 Some(pool.clone())

@@ -69,9 +69,9 @@ fn steps_take_the_wider_pool_by_their_attention_work() {
         config.num_heads = heads;
         config.num_kv_heads = kv_heads;
         config.head_dim = 64;
-        crate::node::attention_work(&config, tokens)
+        crate::node::host_threads::attention_work(&config, tokens)
     };
-    let min = crate::node::SOLO_MIN_LAYER_WORK;
+    let min = crate::node::host_threads::SOLO_MIN_LAYER_WORK;
     assert_eq!(work(2880, 64, 8, 1), 2880 * 2 * (4096 + 512));
     assert!(work(2880, 64, 8, 1) >= min);
     assert!(work(768, 12, 4, 1) >= min);
@@ -129,10 +129,11 @@ fn attention_threads_as_many_as_the_cpus_each_run_on_one() {
         seen.sort();
         seen
     };
-    let wide = compute_pool(cpus.len()).expect("an attention pool");
+    let wide = crate::node::host_threads::compute_pool(cpus.len()).expect("an attention pool");
     let one_each: Vec<Vec<usize>> = cpus.iter().map(|&c| vec![c]).collect();
     assert_eq!(on_cpus(&wide), one_each, "one CPU each, every CPU once");
     // A narrower pool is left where the OS puts it.
-    let narrow = compute_pool(cpus.len() - 1).expect("an attention pool");
+    let narrow =
+        crate::node::host_threads::compute_pool(cpus.len() - 1).expect("an attention pool");
     assert!(on_cpus(&narrow).iter().all(|seen| *seen == cpus));
 }
