@@ -200,3 +200,23 @@ fn a_card_sent_a_version_it_does_not_hold_fails_the_step_with_a_clear_error() {
         .to_string();
     assert!(err.contains("no shard version 7"), "{err}");
 }
+
+#[test]
+fn eplb_flags_that_cannot_apply_are_refused_with_the_reason() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(common::AFD)
+            .arg("serve")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&["--reference", "--eplb"]);
+    assert!(e.contains("--reference runs the whole model"), "{e}");
+    // Extra copies need a placement that places them.
+    let e = run(&["--num-redundant-experts", "2"]);
+    assert!(e.contains("--expert-load") && e.contains("--eplb"), "{e}");
+    let e = run(&["--eplb", "--eplb-min-gain", "2"]);
+    assert!(e.contains("between 0 and 1"), "{e}");
+}

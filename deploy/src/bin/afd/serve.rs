@@ -361,6 +361,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         args.attention_nodes
     };
+    if cluster.eplb.is_some() && (frontend_only || args.reference) {
+        bail!(
+            "--eplb moves experts between the cards of attention nodes in this process; {}",
+            if args.reference {
+                "--reference runs the whole model in the node, with no cards"
+            } else {
+                "with --attention-addrs the nodes are other processes: give --eplb to them"
+            }
+        );
+    }
     let model_config = model::ModelConfig::from_file(&model_dir.join("config.json"))
         .with_context(|| format!("reading {}", model_dir.join("config.json").display()))?;
 
