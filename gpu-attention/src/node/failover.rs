@@ -88,10 +88,11 @@ impl DisaggregatedNode {
                     message: format!("card {card} is {state} ({reason}); {why}"),
                 }
             })?;
-            if switched && live.down.is_empty() {
-                // Logged by the board.
-            } else if live.down.is_empty() {
-                tracing::info!("every card is up; dispatching to all of them again");
+            if live.down.is_empty() {
+                // A switch is logged by the board.
+                if !switched {
+                    tracing::info!("every card is up; dispatching to all of them again");
+                }
             } else {
                 tracing::warn!(down = ?live.down, "dispatching around the cards that are down");
             }
