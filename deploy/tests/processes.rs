@@ -62,15 +62,30 @@ fn attention_cmd(cards: &[u16], port: u16, certs: &Path, model: &Path) -> Comman
     cmd
 }
 
-/// `afd attention` over the cards at `cards` on `port`, and a runtime for its clients.
+/// Two `afd card` processes on free ports, answering once this returns.
+fn two_cards(certs: &Path) -> (Vec<Proc>, Vec<u16>) {
+    let ports = free_ports(2);
+    let cards = ports
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| card(i, p, certs, None))
+        .collect();
+    wait_for_ports(&ports);
+    (cards, ports)
+}
+
+/// `afd attention` over the cards at `cards` on `port` with `extra` flags, and a runtime for
+/// its clients.
 fn attention_and_client(
     cards: &[u16],
     port: u16,
     certs: &Path,
     model: &Path,
+    extra: &[&str],
 ) -> (Proc, tokio::runtime::Runtime) {
     let attention = Proc(
         attention_cmd(cards, port, certs, model)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -125,15 +140,9 @@ fn card_and_attention_processes_generate_and_a_dead_card_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     certs(dir.path(), 2);
     let model = fixture("gpt-oss-mxfp4");
-    let ports = free_ports(2);
-    let mut cards: Vec<Proc> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, &p)| card(i, p, dir.path(), None))
-        .collect();
-    wait_for_ports(&ports);
+    let (mut cards, ports) = two_cards(dir.path());
     let attn_port = free_port();
-    let (_attention, runtime) = attention_and_client(&ports, attn_port, dir.path(), &model);
+    let (_attention, runtime) = attention_and_client(&ports, attn_port, dir.path(), &model, &[]);
     let mut node = connect(attn_port, dir.path(), &runtime);
     let cases = expected(&model);
     let got = driver::generate(&mut node, &greedy_requests(&cases), 0).unwrap();
@@ -231,7 +240,8 @@ fn the_control_plane_answers_only_nodes_of_its_cluster_in_the_right_role() {
     let _card = card(0, card_port, dir.path(), None);
     wait_for_ports(&[card_port]);
     let attn_port = free_port();
-    let (_attention, runtime) = attention_and_client(&[card_port], attn_port, dir.path(), &model);
+    let (_attention, runtime) =
+        attention_and_client(&[card_port], attn_port, dir.path(), &model, &[]);
     // The right role: the attention node loaded the card's shard, and the frontend steps it.
     let node = connect(attn_port, dir.path(), &runtime);
     drop(node);
@@ -316,30 +326,16 @@ fn an_attention_process_moves_experts_while_serving_and_a_restarted_card_gets_th
     let dir = tempfile::tempdir().unwrap();
     certs(dir.path(), 2);
     let model = fixture("gpt-oss-mxfp4");
-    let ports = free_ports(2);
-    let mut cards: Vec<Proc> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, &p)| card(i, p, dir.path(), None))
-        .collect();
-    wait_for_ports(&ports);
+    let (mut cards, ports) = two_cards(dir.path());
     let attn_port = free_port();
-    let _attention = Proc(
-        attention_cmd(&ports, attn_port, dir.path(), &model)
-            .args(["--eplb", "--eplb-window", "8", "--eplb-step-interval", "8"])
-            // The fixture's own traffic on 2 cards gains less than the default 0.1.
-            .args(["--eplb-min-gain", "0.02"])
-            .args(["--num-redundant-experts", "2"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let eplb = ["--eplb", "--eplb-window", "8", "--eplb-step-interval", "8"];
+    // The fixture's own traffic on 2 cards gains less than the default 0.1.
+    let extra = [
+        &eplb[..],
+        &["--eplb-min-gain", "0.02", "--num-redundant-experts", "2"],
+    ]
+    .concat();
+    let (_attention, runtime) = attention_and_client(&ports, attn_port, dir.path(), &model, &extra);
     let mut node = connect(attn_port, dir.path(), &runtime);
     let cases = expected(&model);
     let check = |node: &mut RemoteNode, round: usize| {
