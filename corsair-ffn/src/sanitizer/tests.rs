@@ -277,3 +277,110 @@ fn weights_never_share_memory_with_the_pool() {
     q.regions[tile].location = q.profile.locate(pool);
     assert!(kinds(&q).contains(&FindingKind::LiveOverlap));
 }
+
+#[test]
+fn every_kind_reads_as_its_own_words_and_a_finding_makes_a_report_unclean() {
+    let all = [
+        FindingKind::ConflictingWrite,
+        FindingKind::UninitializedRead,
+        FindingKind::MissingProducer,
+        FindingKind::IncompleteProducer,
+        FindingKind::LiveOverlap,
+        FindingKind::OutsideLifetime,
+        FindingKind::CapacityOverflow,
+        FindingKind::OutOfBounds,
+    ];
+    let words: std::collections::HashSet<String> = all.iter().map(|k| k.to_string()).collect();
+    assert_eq!(words.len(), all.len(), "{words:?}");
+    assert_eq!(FindingKind::OutOfBounds.to_string(), "out of bounds");
+    let mut p = valid();
+    let x = region(&p, "L0.x");
+    p.regions[x as usize].bytes = 4;
+    let report = sanitize(&p);
+    assert!(!report.is_clean());
+    // A finding says what it is, and which region by name.
+    let f = &report.findings[0];
+    assert!(f.to_string().contains(&f.kind.to_string()), "{f}");
+    assert!(
+        report.findings.iter().any(|f| f.detail.contains("L0.x")),
+        "{:#?}",
+        report.findings
+    );
+}
+
+#[test]
+fn a_layer_whose_instructions_lie_outside_the_stream_is_out_of_bounds() {
+    let p = valid();
+    let len = p.instructions.len();
+    for span in [Span::new(len - 1, len + 1), Span::new(3, 2)] {
+        let mut q = p.clone();
+        q.layers[0].instructions = span;
+        let report = sanitize(&q);
+        assert!(
+            report
+                .findings
+                .iter()
+                .any(|f| f.kind == FindingKind::OutOfBounds
+                    && f.detail.contains("outside the stream")),
+            "{span}: {:#?}",
+            report.findings
+        );
+    }
+    // An empty span is inside (its instructions then belong to no layer, which is another
+    // finding).
+    let mut q = p.clone();
+    let start = q.layers[0].instructions.start;
+    q.layers[0].instructions = Span::new(start, start);
+    let findings = sanitize(&q).findings;
+    assert!(
+        !findings
+            .iter()
+            .any(|f| f.detail.contains("outside the stream")),
+        "{findings:#?}"
+    );
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.detail.contains("belongs to no layer"))
+    );
+}
+
+#[test]
+fn a_region_may_end_exactly_at_the_end_of_sram_or_of_a_core() {
+    let p = valid();
+    let tile = p.matrices[0].tiles[0].region as usize;
+    let bytes = p.regions[tile].bytes;
+    let overflows = |address: u64| {
+        let mut q = p.clone();
+        q.regions[tile].address = address;
+        q.regions[tile].location = q.profile.locate(address);
+        kinds(&q).contains(&FindingKind::CapacityOverflow)
+    };
+    let sram = p.profile.memory.sram_bytes;
+    assert!(!overflows(sram - bytes), "ending at the last byte of SRAM");
+    assert!(overflows(sram - bytes + 1), "one byte past it");
+    let core = p.profile.core_bytes();
+    assert!(
+        !overflows(core * 5 - bytes),
+        "ending at the last byte of core 4"
+    );
+    assert!(overflows(core * 5 - bytes + 1), "one byte into core 5");
+}
+
+#[test]
+fn an_empty_resident_region_at_the_start_of_a_core_straddles_nothing() {
+    let mut p = valid();
+    let tile = p.matrices[0].tiles[0].region as usize;
+    let mut empty = p.regions[tile].clone();
+    empty.name = "empty".into();
+    empty.bytes = 0;
+    empty.address = p.profile.core_bytes() * 5;
+    empty.location = p.profile.locate(empty.address);
+    assert!(empty.kind.is_resident());
+    p.regions.push(empty);
+    assert!(
+        !kinds(&p).contains(&FindingKind::CapacityOverflow),
+        "{:#?}",
+        sanitize(&p).findings
+    );
+}
