@@ -384,3 +384,21 @@ fn an_empty_resident_region_at_the_start_of_a_core_straddles_nothing() {
         sanitize(&p).findings
     );
 }
+
+#[test]
+fn a_tile_region_smaller_than_its_tile_overflows_and_a_larger_one_does_not() {
+    let p = valid();
+    let tile = p.matrices[0].tiles[0].region as usize;
+    let says = |bytes: u64| {
+        let mut q = p.clone();
+        q.regions[tile].bytes = bytes;
+        sanitize(&q)
+            .findings
+            .iter()
+            .any(|f| f.kind == FindingKind::CapacityOverflow && f.detail.contains("its tile needs"))
+    };
+    let bytes = p.regions[tile].bytes;
+    assert!(says(bytes - 1));
+    assert!(!says(bytes));
+    assert!(!says(bytes + 64));
+}
