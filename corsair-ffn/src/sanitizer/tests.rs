@@ -74,6 +74,11 @@ fn a_valid_program_is_clean_and_fully_checked() {
     assert!(r.is_clean(), "{:#?}", r.findings);
     assert_eq!(r.instructions, p.instructions.len());
     assert!(r.accesses > p.instructions.len());
+    let bytes: u64 = (0..p.instructions.len())
+        .flat_map(|i| p.accesses(i).accesses)
+        .map(|a| a.end - a.start)
+        .sum();
+    assert_eq!(r.bytes_accessed, bytes);
 }
 
 #[test]
@@ -401,4 +406,29 @@ fn a_tile_region_smaller_than_its_tile_overflows_and_a_larger_one_does_not() {
     assert!(says(bytes - 1));
     assert!(!says(bytes));
     assert!(!says(bytes + 64));
+}
+
+#[test]
+fn an_access_may_end_exactly_at_its_regions_end() {
+    let p = valid();
+    let x = region(&p, "L0.x");
+    let end = (0..p.instructions.len())
+        .flat_map(|i| p.accesses(i).accesses)
+        .filter(|a| a.region == x)
+        .map(|a| a.end)
+        .max()
+        .expect("L0.x is accessed");
+    let out_of_bounds = |bytes: u64| {
+        let mut q = p.clone();
+        q.regions[x as usize].bytes = bytes;
+        sanitize(&q)
+            .findings
+            .iter()
+            .any(|f| f.kind == FindingKind::OutOfBounds && f.region == Some(x))
+    };
+    assert!(
+        !out_of_bounds(end),
+        "the last access ends at the region's end"
+    );
+    assert!(out_of_bounds(end - 1));
 }
