@@ -61,6 +61,10 @@ impl IntervalSet {
     /// The parts of `[start, end)` inside the set.
     pub fn covered(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
+        // An empty query covers nothing (not an empty piece of the range around it).
+        if start >= end {
+            return out;
+        }
         let mut j = self.first_after(start);
         while j < self.ranges.len() && self.ranges[j].0 < end {
             let (s, e) = self.ranges[j];
@@ -112,7 +116,13 @@ mod tests {
                 prop_assert_eq!(cov[i], bits[i]);
                 prop_assert_eq!(unc[i], !bits[i]);
             }
+            // Sorted, apart and never empty: the set and what it answers.
             prop_assert!(set.ranges.windows(2).all(|w| w[0].1 < w[1].0));
+            prop_assert!(set.ranges.iter().all(|&(a, b)| a < b), "{:?}", set.ranges);
+            for pieces in [set.covered(s, e), set.uncovered(s, e)] {
+                prop_assert!(pieces.iter().all(|&(a, b)| a < b), "{:?}", pieces);
+                prop_assert!(pieces.windows(2).all(|w| w[0].1 <= w[1].0), "{:?}", pieces);
+            }
         }
     }
 }
