@@ -85,6 +85,19 @@ proptest! {
     }
 
     #[test]
+    fn a_write_of_exactly_the_limit_is_accepted(header in write_header(u32::MAX)) {
+        let bytes = Frame::Write(header).to_vec();
+        let limit = u64::from(header.len);
+        prop_assert!(decode(&bytes, limit).is_ok());
+        if let Some(below) = limit.checked_sub(1) {
+            prop_assert_eq!(
+                decode(&bytes, below),
+                Err(FrameError::Oversized { len: limit, max: below })
+            );
+        }
+    }
+
+    #[test]
     fn corrupted_prefix_is_rejected(frame in frame(), position in 0usize..4, byte in any::<u8>()) {
         let mut bytes = frame.to_vec();
         let original = bytes[position];
