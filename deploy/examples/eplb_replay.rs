@@ -195,20 +195,14 @@ fn main() -> anyhow::Result<()> {
                     .collect(),
             };
             for step in block {
-                let mut lists = Vec::with_capacity(step.counts.len());
-                for (layer, counts) in step.counts.iter().enumerate() {
-                    if counts.is_empty() {
-                        lists.push(None);
-                        continue;
-                    }
-                    let mut ids = Vec::new();
-                    for (e, &n) in counts.iter().enumerate() {
+                let mut counts = vec![0u32; moe.len() * experts];
+                for (layer, per_expert) in step.counts.iter().enumerate() {
+                    for (e, &n) in per_expert.iter().enumerate() {
                         load.layers[layer][e] += n;
-                        ids.extend(std::iter::repeat_n(e as u32, n as usize));
+                        counts[layer * experts + e] = n as u32;
                     }
-                    lists.push(Some(ids));
                 }
-                window.observe(lists);
+                window.observe_counts(counts);
             }
             let eplb_key = set_of(&mut sets, &serving)?;
             let ms =

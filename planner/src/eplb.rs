@@ -48,9 +48,11 @@ pub struct LoadWindow {
     window: usize,
     experts: usize,
     moe: Vec<bool>,
-    /// Per step in the window (oldest first), per layer, the expert ids routed to.
-    steps: VecDeque<Vec<Option<Vec<u32>>>>,
-    totals: Vec<Vec<u64>>,
+    /// Per step in the window (oldest first), its counts per (layer, expert), flattened as
+    /// `layer * experts + expert`: the model's shape bounds a step's memory, not its batch
+    /// (a 512-token prefill of GPT-OSS-20B routes 2,048 ids a layer, its counts are 32).
+    steps: VecDeque<Vec<u32>>,
+    totals: Vec<u64>,
     seen: u64,
 }
 
@@ -63,10 +65,7 @@ impl LoadWindow {
             experts,
             moe: moe_layers.to_vec(),
             steps: VecDeque::new(),
-            totals: moe_layers
-                .iter()
-                .map(|&m| if m { vec![0; experts] } else { Vec::new() })
-                .collect(),
+            totals: vec![0; moe_layers.len() * experts],
             seen: 0,
         }
     }
@@ -74,33 +73,37 @@ impl LoadWindow {
     /// Adds one step's routing (per layer: the experts every token of the step was routed to,
     /// `None` for a dense layer), dropping the oldest step beyond the window. Ids past the
     /// model's experts and layers past its depth are ignored.
-    pub fn observe(&mut self, layers: Vec<Option<Vec<u32>>>) {
-        self.add(&layers, true);
-        self.steps.push_back(layers);
-        if self.steps.len() > self.window
-            && let Some(old) = self.steps.pop_front()
-        {
-            self.add(&old, false);
-        }
-        self.seen += 1;
-    }
-
-    fn add(&mut self, layers: &[Option<Vec<u32>>], plus: bool) {
-        for (layer, experts) in layers.iter().enumerate() {
-            let (Some(experts), Some(true)) = (experts, self.moe.get(layer)) else {
+    pub fn observe(&mut self, layers: &[Option<Vec<u32>>]) {
+        let mut counts = vec![0u32; self.totals.len()];
+        for (layer, ids) in layers.iter().enumerate().take(self.moe.len()) {
+            let Some(ids) = ids.as_ref().filter(|_| self.moe[layer]) else {
                 continue;
             };
-            let totals = &mut self.totals[layer];
-            for &e in experts {
-                if let Some(n) = totals.get_mut(e as usize) {
-                    if plus {
-                        *n += 1;
-                    } else {
-                        *n = n.saturating_sub(1);
-                    }
+            for &e in ids {
+                if (e as usize) < self.experts {
+                    counts[layer * self.experts + e as usize] += 1;
                 }
             }
         }
+        self.observe_counts(counts);
+    }
+
+    /// Adds one step given as counts per (layer, expert), flattened as `layer * experts +
+    /// expert` (what a routing record's window holds); a short vector counts the rest as 0.
+    pub fn observe_counts(&mut self, mut counts: Vec<u32>) {
+        counts.resize(self.totals.len(), 0);
+        for (t, &c) in self.totals.iter_mut().zip(&counts) {
+            *t += u64::from(c);
+        }
+        self.steps.push_back(counts);
+        if self.steps.len() > self.window
+            && let Some(old) = self.steps.pop_front()
+        {
+            for (t, &c) in self.totals.iter_mut().zip(&old) {
+                *t -= u64::from(c);
+            }
+        }
+        self.seen += 1;
     }
 
     /// Steps observed since the window was made.
@@ -121,7 +124,18 @@ impl LoadWindow {
     /// The window's load.
     pub fn load(&self) -> ExpertLoad {
         ExpertLoad {
-            layers: self.totals.clone(),
+            layers: self
+                .moe
+                .iter()
+                .enumerate()
+                .map(|(layer, &moe)| {
+                    if moe {
+                        self.totals[layer * self.experts..(layer + 1) * self.experts].to_vec()
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect(),
         }
     }
 
@@ -189,10 +203,10 @@ mod tests {
     #[test]
     fn the_window_keeps_the_last_steps_only() {
         let mut w = LoadWindow::new(&[true, false], 4, 2);
-        w.observe(vec![Some(vec![0, 0, 1]), None]);
-        w.observe(vec![Some(vec![2]), Some(vec![3])]);
+        w.observe(&[Some(vec![0, 0, 1]), None]);
+        w.observe(&[Some(vec![2]), Some(vec![3])]);
         assert_eq!(w.load().layers, vec![vec![2, 1, 1, 0], vec![]]);
-        w.observe(vec![Some(vec![3, 3, 9]), None]);
+        w.observe(&[Some(vec![3, 3, 9]), None]);
         // The first step left the window; id 9 is not an expert.
         assert_eq!(w.load().layers, vec![vec![0, 0, 1, 2], vec![]]);
         assert_eq!((w.len(), w.steps_seen()), (2, 3));

@@ -180,11 +180,13 @@ impl ShardTable {
         let (kept, freed): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.versions)
             .into_iter()
             .partition(|s| s.version == keep);
-        for shard in freed {
-            // An alias of a kept version shares its card: count it once.
-            if kept.iter().any(|k| Arc::ptr_eq(&k.card, &shard.card)) {
+        let mut counted: Vec<&Arc<Mutex<Card>>> = kept.iter().map(|k| &k.card).collect();
+        for shard in &freed {
+            // Versions that are aliases of one program (kept or freed) count it once.
+            if counted.iter().any(|c| Arc::ptr_eq(c, &shard.card)) {
                 continue;
             }
+            counted.push(&shard.card);
             let stats = shard.card.lock().unwrap_or_else(|p| p.into_inner()).stats();
             let retired = &mut inner.retired;
             if retired.layers.len() < stats.layers.len() {

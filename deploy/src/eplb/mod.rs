@@ -287,7 +287,7 @@ impl RoutingObserver for Shared {
     fn observe(&self, routing: &StepRouting) {
         let load = {
             let mut window = self.window.lock().unwrap_or_else(PoisonError::into_inner);
-            window.observe(routing.layers.clone());
+            window.observe(&routing.layers);
             if !window.steps_seen().is_multiple_of(self.interval) {
                 return;
             }
