@@ -119,8 +119,11 @@ async fn stop_requested() -> libc::c_int {
 #[cfg(target_os = "linux")]
 fn remove_when_this_process_dies(dir: &std::path::Path) -> Result<ReaperGuard> {
     use std::os::unix::process::CommandExt;
-    // `sleep & wait`: a trapped signal interrupts `wait` at once, not after the sleep.
+    // `sleep & wait`: a trapped signal interrupts `wait` at once, not after the sleep. The
+    // shell says "armed" once its trap is set: a SIGTERM before that would end it without
+    // removing anything, so no key is written until the line has come.
     let script = r#"trap 'rm -rf -- "$0"; kill $! 2>/dev/null; exit 0' TERM
+echo armed
 while :; do sleep 3600 & wait; done"#;
     let parent = std::process::id();
     let mut command = std::process::Command::new("/bin/sh");
@@ -129,7 +132,7 @@ while :; do sleep 3600 & wait; done"#;
         .arg(script)
         .arg(dir)
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
     // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid only set or read attributes of the calling
     // process; both are async-signal-safe, as required between fork and exec.
@@ -144,10 +147,23 @@ while :; do sleep 3600 & wait; done"#;
             Ok(())
         });
     }
-    let child = command.spawn().map_err(Error::system(
+    let mut child = command.spawn().map_err(Error::system(
         "cannot start the shell that removes the certificate folder if afd up is killed",
     ))?;
-    Ok(ReaperGuard(Some(child)))
+    let mut line = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        use std::io::BufRead;
+        // EOF (the shell died) leaves the line empty, which is refused below.
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+    }
+    // The guard stops the shell on the error path too.
+    let guard = ReaperGuard(Some(child));
+    if line.trim() != "armed" {
+        return Err(Error::system(
+            "the shell that removes the certificate folder if afd up is killed did not start",
+        )(std::io::Error::other("/bin/sh ended before setting its trap")));
+    }
+    Ok(guard)
 }
 
 #[cfg(not(target_os = "linux"))]
