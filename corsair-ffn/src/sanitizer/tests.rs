@@ -1,5 +1,7 @@
 //! Each kind of bug injected into a valid program is caught and named.
 
+mod edges;
+
 use super::*;
 use crate::assignment::{PlacementOptions, plan_placement};
 use crate::compiler::{CompileOptions, StoredFormats, compile};
@@ -135,11 +137,19 @@ fn reading_before_the_producer_runs_is_caught() {
 fn a_removed_producer_is_missing() {
     let mut p = valid();
     let i = op_index(&p, |op| matches!(op, Op::Gather { .. }));
-    let Op::Gather { map, .. } = p.instructions[i] else {
+    let Op::Gather { map, rows, .. } = p.instructions[i] else {
         unreachable!()
     };
     p.instructions[i] = Op::Fill { region: map };
     assert_caught(&p, FindingKind::MissingProducer);
+    // The gathered rows have no producer left: said by the region's name, not its number.
+    let name = &p.regions[rows as usize].name;
+    let says = format!("reads {name} but no instruction writes it");
+    assert!(
+        sanitize(&p).findings.iter().any(|f| f.detail == says),
+        "{says}: {:#?}",
+        sanitize(&p).findings
+    );
 }
 
 #[test]
