@@ -161,7 +161,9 @@ while :; do sleep 3600 & wait; done"#;
     if line.trim() != "armed" {
         return Err(Error::system(
             "the shell that removes the certificate folder if afd up is killed did not start",
-        )(std::io::Error::other("/bin/sh ended before setting its trap")));
+        )(std::io::Error::other(
+            "/bin/sh ended before setting its trap",
+        )));
     }
     Ok(guard)
 }
