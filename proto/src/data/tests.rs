@@ -255,3 +255,55 @@ fn wire_dtypes_parse_by_name_and_an_unknown_one_says_what_is_expected() {
     }
     assert_eq!(WireDtype::from_byte(2), None);
 }
+
+#[test]
+fn received_rows_say_how_many_rows_of_what_width_in_either_dtype() {
+    for bf16 in [false, true] {
+        for (hidden, rows) in [(3usize, 5usize), (1, 1), (7, 0)] {
+            let values: Vec<f32> = (0..hidden * rows).map(|v| v as f32).collect();
+            let mut buf = Vec::new();
+            encode_rows(
+                Kind::PartialSums,
+                meta(1, 2, 0, bf16),
+                hidden,
+                &values,
+                &mut buf,
+            );
+            let (_, r) = decode_rows(&buf, Kind::PartialSums).unwrap();
+            assert_eq!((r.count(), r.hidden()), (rows, hidden), "bf16 {bf16}");
+        }
+    }
+    // Rows of no width: none, whatever the payload.
+    let mut buf = Vec::new();
+    encode_rows(Kind::PartialSums, meta(1, 2, 0, false), 0, &[], &mut buf);
+    let (_, r) = decode_rows(&buf, Kind::PartialSums).unwrap();
+    assert_eq!((r.count(), r.hidden()), (0, 0));
+}
+
+/// A winner's id `u32::MAX` means "no winner" on the wire, whatever its score says: a card
+/// that sent a score beside it sent no token.
+#[test]
+fn a_winner_with_the_absent_id_decodes_as_no_winner() {
+    let proposal = |token| Proposal {
+        log_sum_exp: Some(1.0),
+        scaled_log_sum_exp: None,
+        winner: Some(Winner {
+            token,
+            logit: 2.0,
+            score: 3.0,
+        }),
+        shard_rows: 4,
+        target_logit: None,
+        candidates: vec![],
+    };
+    let decode = |p: Proposal| {
+        let mut buf = Vec::new();
+        encode_proposals(meta(9, LM_HEAD_LAYER, 1, false), 0, &[p], &mut buf);
+        decode_proposals(&buf).unwrap().1.remove(0).winner
+    };
+    assert_eq!(decode(proposal(u32::MAX)), None);
+    assert_eq!(
+        decode(proposal(u32::MAX - 1)),
+        proposal(u32::MAX - 1).winner
+    );
+}
