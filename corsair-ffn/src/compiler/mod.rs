@@ -8,6 +8,8 @@
 
 mod emit;
 mod memory;
+#[cfg(test)]
+mod tests;
 mod tiling;
 
 use model::ModelConfig;

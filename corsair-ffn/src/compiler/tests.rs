@@ -1,0 +1,219 @@
+//! The compiler's decisions at their edges: what a share that does not fit says, when
+//! spilling gives up, the LPDDR limit, and the numerics a split dense layer keeps.
+
+use super::*;
+use crate::program::MemoryKind;
+use crate::synthetic::tiny_config;
+use model::config::FfnKind;
+use model::kernels::ActivationDtype;
+
+/// A card of 8 cores of 64 KiB: small enough that a few tiny experts overflow it.
+fn small_card() -> HardwareProfile {
+    let mut p = HardwareProfile::default();
+    let h = &mut p.hierarchy;
+    (h.packages, h.chiplets_per_package, h.gangs_per_chiplet) = (1, 1, 1);
+    (h.slices_per_gang, h.cores_per_slice) = (1, 8);
+    p.memory.sram_bytes = 8 * 64 * 1024;
+    p
+}
+
+fn options(max_tokens: usize, allow_spill: bool) -> CompileOptions {
+    CompileOptions {
+        max_tokens,
+        allow_spill,
+        tiling: tiling::TilingOptions {
+            rows_per_tile: Some(16),
+            segments_per_tile: None,
+        },
+        ..CompileOptions::default()
+    }
+}
+
+/// Four experts of 192 KiB of bf16 weights each, on one card.
+fn share() -> (ModelConfig, CardAssignment) {
+    let cfg = tiny_config(4, 2, 256, 128, &[FfnKind::Moe]);
+    let placement = PlacementOptions {
+        cards: 1,
+        replicas: vec![],
+    };
+    let plan = plan_placement(&cfg, &placement).unwrap();
+    (cfg, plan[0].clone())
+}
+
+fn bf16() -> StoredFormats {
+    StoredFormats::uniform(TileFormat::Bf16)
+}
+
+#[test]
+fn a_share_too_large_says_what_it_needs_by_kind_and_what_to_do() {
+    let (cfg, a) = share();
+    let err = compile(&cfg, &bf16(), &a, &options(4, false), &small_card()).unwrap_err();
+    let Error::DoesNotFit(fit) = &err else {
+        panic!("{err}")
+    };
+    assert!(fit.needed_bytes > fit.sram_bytes);
+    assert!(!fit.allow_spill);
+    let text = fit.to_string();
+    assert!(text.starts_with("card 0 of 1 does not fit"), "{text}");
+    assert!(text.contains(&human_bytes(fit.sram_bytes)), "{text}");
+    // Each kind with bytes is listed; a kind of none is not.
+    for u in &fit.needed {
+        let part = format!("{} {}", u.kind, human_bytes(u.bytes));
+        assert_eq!(text.contains(&part), u.bytes > 0, "{part}: {text}");
+    }
+    let mut zero = (**fit).clone();
+    zero.needed.push(MemoryUse {
+        kind: RegionKind::LmHeadWeight,
+        bytes: 0,
+    });
+    assert_eq!(zero.to_string(), text);
+    assert!(fit.advice.contains("--allow-spill") && fit.advice.contains("--format mxfp4"));
+    assert!(text.ends_with(&fit.advice), "{text}");
+    // The advice names a smaller --max-tokens only where the step is large.
+    let large = compile(&cfg, &bf16(), &a, &options(65, false), &small_card()).unwrap_err();
+    let small = compile(&cfg, &bf16(), &a, &options(64, false), &small_card()).unwrap_err();
+    assert!(
+        large.to_string().contains("a smaller --max-tokens"),
+        "{large}"
+    );
+    assert!(!small.to_string().contains("--max-tokens"), "{small}");
+    // MXFP4 weights are already the smallest format (eight larger experts, to overflow).
+    let mx = CompileOptions {
+        format: crate::format::FormatChoice::Mxfp4,
+        ..options(4, false)
+    };
+    let cfg = tiny_config(8, 2, 512, 256, &[FfnKind::Moe]);
+    let placement = PlacementOptions {
+        cards: 1,
+        replicas: vec![],
+    };
+    let a = plan_placement(&cfg, &placement).unwrap().remove(0);
+    match compile(&cfg, &bf16(), &a, &mx, &small_card()) {
+        Err(Error::DoesNotFit(fit)) => assert!(!fit.advice.contains("--format"), "{fit}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn spilling_streams_what_does_not_fit_and_gives_up_when_the_pool_alone_is_too_large() {
+    let (cfg, a) = share();
+    let c = compile(&cfg, &bf16(), &a, &options(4, true), &small_card()).unwrap();
+    let experts: Vec<_> = c
+        .program
+        .matrices
+        .iter()
+        .filter(|m| !matches!(m.role, MatrixRole::LmHead))
+        .collect();
+    let streamed = experts.iter().filter(|m| m.streamed).count();
+    let experts = experts.len();
+    assert!(
+        streamed > 1 && streamed <= experts,
+        "{streamed} of {experts}"
+    );
+    // SRAM holds what was not streamed.
+    assert!(resident_sram(&c.program, RegionKind::ExpertWeight) > 0);
+    // Activations for 4096 tokens need more than the card's SRAM: spilling every weight does
+    // not help, and the error says so instead of failing another way.
+    match compile(&cfg, &bf16(), &a, &options(4096, true), &small_card()) {
+        Err(Error::DoesNotFit(fit)) => assert!(fit.allow_spill, "{fit}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn lpddr_may_be_filled_to_its_last_byte_and_not_one_past() {
+    let (cfg, a) = share();
+    let c = compile(&cfg, &bf16(), &a, &options(4, true), &small_card()).unwrap();
+    let needed = c
+        .program
+        .regions
+        .iter()
+        .filter(|r| r.memory == MemoryKind::Lpddr)
+        .map(|r| r.address + r.bytes.next_multiple_of(memory::ALIGN).max(memory::ALIGN))
+        .max()
+        .unwrap();
+    let with_lpddr = |bytes: u64| {
+        let mut p = small_card();
+        p.memory.lpddr_bytes = bytes;
+        compile(&cfg, &bf16(), &a, &options(4, true), &p)
+    };
+    assert!(with_lpddr(needed).is_ok());
+    match with_lpddr(needed - 1) {
+        Err(Error::DoesNotFit(fit)) => {
+            let says = format!(
+                "LPDDR holds {} but the streamed weights need {}",
+                human_bytes(needed - 1),
+                human_bytes(needed)
+            );
+            assert!(fit.advice.contains(&says), "{says}: {fit}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_deployment_compiles_one_result_per_card() {
+    let cfg = tiny_config(4, 2, 64, 32, &[FfnKind::Moe, FfnKind::Dense]);
+    let placement = PlacementOptions {
+        cards: 3,
+        replicas: vec![],
+    };
+    let all = compile_deployment(
+        &cfg,
+        &bf16(),
+        &placement,
+        &options(4, false),
+        &HardwareProfile::default(),
+    )
+    .unwrap();
+    assert_eq!(all.len(), 3);
+    for (card, c) in all.iter().enumerate() {
+        assert_eq!(c.as_ref().unwrap().program.assignment.card, card);
+    }
+}
+
+#[test]
+fn a_split_dense_layer_rounds_its_inputs_as_the_whole_layer_does() {
+    // The dense layer's 80 columns are not a whole number of 32-element blocks, so the whole
+    // layer's products keep f32 inputs; a card's share of them may be whole blocks, and must
+    // still keep f32 (as the reference, which computes the whole layer, does).
+    let cfg = tiny_config(4, 2, 64, 40, &[FfnKind::Dense, FfnKind::Moe]);
+    let placement = PlacementOptions {
+        cards: 2,
+        replicas: vec![],
+    };
+    let o = CompileOptions {
+        activations: ActivationDtype::Bf16,
+        ..options(4, false)
+    };
+    let mut block_aligned = 0;
+    for a in plan_placement(&cfg, &placement).unwrap() {
+        let c = compile(&cfg, &bf16(), &a, &o, &HardwareProfile::default()).unwrap();
+        let m = c
+            .program
+            .matrices
+            .iter()
+            .find(|m| m.name == "L0.dense.down")
+            .unwrap();
+        assert_eq!(
+            m.activations,
+            ActivationDtype::F32,
+            "card {}: {} columns",
+            a.card,
+            m.cols
+        );
+        block_aligned += usize::from(m.cols % 32 == 0);
+        // The gate and up projections reduce over the hidden size (64): whole blocks.
+        let m = c
+            .program
+            .matrices
+            .iter()
+            .find(|m| m.name == "L0.dense.gate_up")
+            .unwrap();
+        assert_eq!(m.activations, ActivationDtype::Bf16);
+    }
+    assert!(
+        block_aligned > 0,
+        "no card's share is whole blocks: the test shows nothing"
+    );
+}
