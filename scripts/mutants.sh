@@ -9,7 +9,8 @@
 #
 # MUTANTS_ARGS adds cargo-mutants options, e.g. MUTANTS_ARGS=--in-place in a spare checkout
 # (mutants are built in the tree itself, reusing its target folder, instead of in a copy that
-# is built from nothing first).
+# is built from nothing first). MUTANTS_TIMEOUT (seconds, default 300) bounds one mutant's
+# tests: a mutant that loops forever costs that much.
 #
 # Each area's results go to target/mutation/AREA/mutants.out (caught.txt, missed.txt,
 # timeout.txt, unviable.txt); the last line printed per area is its score:
@@ -60,7 +61,7 @@ for a in "${areas[@]}"; do
   area "$a"
   # The `mutants` profile (Cargo.toml): incremental, the crate under test at a low opt-level.
   args=(--package "$pkg" --test-package "$pkg" --output "target/mutation/$a" --no-shuffle
-    --timeout 300 --build-timeout 900 --profile mutants)
+    --timeout "${MUTANTS_TIMEOUT:-300}" --build-timeout 900 --profile mutants)
   for f in "${files[@]}"; do args+=(--file "$f"); done
   for t in "${tests[@]}"; do args+=(--cargo-test-arg "$t"); done
   # shellcheck disable=SC2206 # word splitting of the extra options is wanted
