@@ -29,15 +29,20 @@ fn options(max_tokens: usize, allow_spill: bool) -> CompileOptions {
     }
 }
 
+/// Each card's share of `cfg` over `cards` cards, one copy of each expert.
+fn shares(cfg: &ModelConfig, cards: usize) -> Vec<CardAssignment> {
+    let placement = PlacementOptions {
+        cards,
+        replicas: vec![],
+    };
+    plan_placement(cfg, &placement).unwrap()
+}
+
 /// Four experts of 192 KiB of bf16 weights each, on one card.
 fn share() -> (ModelConfig, CardAssignment) {
     let cfg = tiny_config(4, 2, 256, 128, &[FfnKind::Moe]);
-    let placement = PlacementOptions {
-        cards: 1,
-        replicas: vec![],
-    };
-    let plan = plan_placement(&cfg, &placement).unwrap();
-    (cfg, plan[0].clone())
+    let a = shares(&cfg, 1).remove(0);
+    (cfg, a)
 }
 
 fn bf16() -> StoredFormats {
@@ -83,11 +88,7 @@ fn a_share_too_large_says_what_it_needs_by_kind_and_what_to_do() {
         ..options(4, false)
     };
     let cfg = tiny_config(8, 2, 512, 256, &[FfnKind::Moe]);
-    let placement = PlacementOptions {
-        cards: 1,
-        replicas: vec![],
-    };
-    let a = plan_placement(&cfg, &placement).unwrap().remove(0);
+    let a = shares(&cfg, 1).remove(0);
     match compile(&cfg, &bf16(), &a, &mx, &small_card()) {
         Err(Error::DoesNotFit(fit)) => assert!(!fit.advice.contains("--format"), "{fit}"),
         other => panic!("{other:?}"),
@@ -178,16 +179,12 @@ fn a_split_dense_layer_rounds_its_inputs_as_the_whole_layer_does() {
     // layer's products keep f32 inputs; a card's share of them may be whole blocks, and must
     // still keep f32 (as the reference, which computes the whole layer, does).
     let cfg = tiny_config(4, 2, 64, 40, &[FfnKind::Dense, FfnKind::Moe]);
-    let placement = PlacementOptions {
-        cards: 2,
-        replicas: vec![],
-    };
     let o = CompileOptions {
         activations: ActivationDtype::Bf16,
         ..options(4, false)
     };
     let mut block_aligned = 0;
-    for a in plan_placement(&cfg, &placement).unwrap() {
+    for a in shares(&cfg, 2) {
         let c = compile(&cfg, &bf16(), &a, &o, &HardwareProfile::default()).unwrap();
         let m = c
             .program

@@ -13,32 +13,33 @@ use model::config::FfnKind;
 
 fn valid() -> Program {
     let cfg = tiny_config(4, 2, 96, 64, &[FfnKind::Moe, FfnKind::Dense, FfnKind::Moe]);
-    let plan = plan_placement(
-        &cfg,
-        &PlacementOptions {
-            cards: 2,
-            replicas: vec![],
-        },
-    )
-    .unwrap();
     let tiling = crate::compiler::TilingOptions {
         rows_per_tile: Some(16),
         segments_per_tile: None,
     };
+    first_card(&cfg, 2, tiling, &HardwareProfile::default())
+}
+
+/// The program of card 0 of `cards` (bf16 weights, 4 tokens a step), proven clean.
+fn first_card(
+    cfg: &model::ModelConfig,
+    cards: usize,
+    tiling: crate::compiler::TilingOptions,
+    profile: &HardwareProfile,
+) -> Program {
+    let placement = PlacementOptions {
+        cards,
+        replicas: vec![],
+    };
+    let plan = plan_placement(cfg, &placement).unwrap();
     let options = CompileOptions {
         max_tokens: 4,
         tiling,
         ..CompileOptions::default()
     };
-    let c = compile(
-        &cfg,
-        &StoredFormats::uniform(TileFormat::Bf16),
-        &plan[0],
-        &options,
-        &HardwareProfile::default(),
-    )
-    .unwrap();
-    assert!(c.sanitizer.is_clean());
+    let formats = StoredFormats::uniform(TileFormat::Bf16);
+    let c = compile(cfg, &formats, &plan[0], &options, profile).unwrap();
+    assert!(c.sanitizer.is_clean(), "{:#?}", c.sanitizer.findings);
     c.program
 }
 

@@ -9,34 +9,13 @@ use crate::program::{Access, MatrixRole};
 /// segment a tile) and whose LM head streams in one chunk per row band.
 fn segmented() -> Program {
     let cfg = tiny_config(2, 1, 1024, 64, &[FfnKind::Moe]);
-    let plan = plan_placement(
-        &cfg,
-        &PlacementOptions {
-            cards: 1,
-            replicas: vec![],
-        },
-    )
-    .unwrap();
     let mut profile = HardwareProfile::default();
     profile.compiler.lm_head_chunk_bytes = 1;
-    let options = CompileOptions {
-        max_tokens: 4,
-        tiling: TilingOptions {
-            rows_per_tile: Some(16),
-            segments_per_tile: Some(1),
-        },
-        ..CompileOptions::default()
+    let tiling = TilingOptions {
+        rows_per_tile: Some(16),
+        segments_per_tile: Some(1),
     };
-    let c = compile(
-        &cfg,
-        &StoredFormats::uniform(TileFormat::Bf16),
-        &plan[0],
-        &options,
-        &profile,
-    )
-    .unwrap();
-    assert!(c.sanitizer.is_clean(), "{:#?}", c.sanitizer.findings);
-    c.program
+    first_card(&cfg, 1, tiling, &profile)
 }
 
 fn details(p: &Program, kind: FindingKind) -> Vec<String> {
