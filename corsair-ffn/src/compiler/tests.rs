@@ -2,7 +2,7 @@
 //! spilling gives up, the LPDDR limit, and the numerics a split dense layer keeps.
 
 use super::*;
-use crate::program::MemoryKind;
+use crate::program::{MemoryKind, Op};
 use crate::synthetic::tiny_config;
 use model::config::FfnKind;
 use model::kernels::ActivationDtype;
@@ -106,13 +106,19 @@ fn spilling_streams_what_does_not_fit_and_gives_up_when_the_pool_alone_is_too_la
         .filter(|m| !matches!(m.role, MatrixRole::LmHead))
         .collect();
     let streamed = experts.iter().filter(|m| m.streamed).count();
-    let experts = experts.len();
     assert!(
-        streamed > 1 && streamed <= experts,
-        "{streamed} of {experts}"
+        streamed > 1 && streamed < experts.len(),
+        "{streamed} of {}",
+        experts.len()
     );
     // SRAM holds what was not streamed.
-    assert!(resident_sram(&c.program, RegionKind::ExpertWeight) > 0);
+    let held: u64 = experts
+        .iter()
+        .filter(|m| !m.streamed)
+        .map(|m| m.bytes())
+        .sum();
+    assert!(held > 0);
+    assert_eq!(resident_sram(&c.program, RegionKind::ExpertWeight), held);
     // Activations for 4096 tokens need more than the card's SRAM: spilling every weight does
     // not help, and the error says so instead of failing another way.
     match compile(&cfg, &bf16(), &a, &options(4096, true), &small_card()) {
@@ -212,5 +218,87 @@ fn a_split_dense_layer_rounds_its_inputs_as_the_whole_layer_does() {
     assert!(
         block_aligned > 0,
         "no card's share is whole blocks: the test shows nothing"
+    );
+}
+
+#[test]
+fn weight_tiles_are_dealt_round_robin_and_streamed_tiles_spread_over_the_cores() {
+    let (cfg, a) = share();
+    let c = compile(&cfg, &bf16(), &a, &options(4, true), &small_card()).unwrap();
+    let p = &c.program;
+    let weight_cores = (p.pool_base / p.profile.core_bytes()) as usize;
+    assert!(weight_cores > 1, "{weight_cores}");
+    // The first matrix's tiles go to core 0, 1, 2, ... in turn (they are small).
+    let first = &p.matrices[0];
+    assert!(!first.streamed && first.tiles.len() > weight_cores);
+    for (i, t) in first.tiles.iter().enumerate() {
+        assert_eq!(t.core as usize, i % weight_cores, "tile {i}");
+        let r = &p.regions[t.region as usize];
+        assert_eq!(
+            (r.address / p.profile.core_bytes()) as usize,
+            i % weight_cores
+        );
+    }
+    // Streamed tiles (the LM head's, here) run on consecutive cores, not all on one.
+    let head = p
+        .matrices
+        .iter()
+        .find(|m| m.role == MatrixRole::LmHead)
+        .unwrap();
+    assert!(head.streamed && head.tiles.len() > 1);
+    let cores: Vec<u32> = head.tiles.iter().map(|t| t.core).collect();
+    let cores_total = p.profile.hierarchy.cores() as u32;
+    for w in cores.windows(2) {
+        assert_eq!(w[1], (w[0] + 1) % cores_total, "{cores:?}");
+    }
+}
+
+#[test]
+fn every_layer_answers_full_rows_and_the_proposal_buffer_holds_every_candidate() {
+    // Three cards over a dense layer of 64 columns: one card holds none of them and still
+    // answers (zeros) as wide as the others.
+    let cfg = tiny_config(4, 2, 64, 32, &[FfnKind::Dense, FfnKind::Moe]);
+    for (max_tokens, candidates) in [(4, 64), (3, 5)] {
+        for a in shares(&cfg, 3) {
+            let o = CompileOptions {
+                candidates,
+                ..options(max_tokens, false)
+            };
+            let c = compile(&cfg, &bf16(), &a, &o, &HardwareProfile::default()).unwrap();
+            let p = &c.program;
+            for l in &p.layers {
+                let bytes = p.regions[l.output as usize].bytes;
+                assert_eq!(bytes, (max_tokens * 64 * 4) as u64, "card {}", a.card);
+            }
+            let lm = p.lm_head.as_ref().unwrap();
+            let head = &p.matrices[lm.matrix as usize];
+            assert!(
+                head.tiles
+                    .iter()
+                    .all(|t| { p.regions[t.region as usize].kind == RegionKind::LmHeadWeight })
+            );
+            let Some(Op::Propose { out, .. }) = p
+                .instructions
+                .iter()
+                .find(|op| matches!(op, Op::Propose { .. }))
+            else {
+                panic!("no proposal")
+            };
+            // Per token: the fixed words, then (logit, token) per candidate.
+            let per_token = p.regions[*out as usize].bytes as usize / max_tokens;
+            assert_eq!(
+                per_token,
+                PROPOSAL_FIXED_BYTES as usize + 8 * candidates,
+                "card {}",
+                a.card
+            );
+        }
+    }
+    let empty = shares(&cfg, 3)
+        .iter()
+        .any(|a| matches!(a.layers[0], LayerShare::Dense { columns } if columns.is_empty()));
+    assert!(
+        empty,
+        "no card lacks dense columns: the zero answer is not tested"
     );
 }
