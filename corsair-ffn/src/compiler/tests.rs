@@ -302,3 +302,26 @@ fn every_layer_answers_full_rows_and_the_proposal_buffer_holds_every_candidate()
         "no card lacks dense columns: the zero answer is not tested"
     );
 }
+
+#[test]
+fn a_tile_past_the_first_segment_holds_exactly_its_columns() {
+    // 1100 columns: segments of 512, 512 and 76; one segment a tile.
+    let cfg = tiny_config(2, 1, 1100, 64, &[FfnKind::Moe]);
+    let o = CompileOptions {
+        tiling: tiling::TilingOptions {
+            rows_per_tile: Some(16),
+            segments_per_tile: Some(1),
+        },
+        ..options(4, false)
+    };
+    let a = shares(&cfg, 1).remove(0);
+    let c = compile(&cfg, &bf16(), &a, &o, &HardwareProfile::default()).unwrap();
+    let up = &c.program.matrices[0];
+    assert_eq!(up.segments(), 3);
+    for t in &up.tiles {
+        let cols = up.columns(t.segments).len();
+        assert_eq!(cols, [512, 512, 76][t.segments.start]);
+        let bytes = c.program.regions[t.region as usize].bytes;
+        assert_eq!(bytes, (t.rows.len() * up.format.row_bytes(cols)) as u64);
+    }
+}
