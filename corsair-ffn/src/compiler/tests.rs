@@ -325,3 +325,53 @@ fn a_tile_past_the_first_segment_holds_exactly_its_columns() {
         assert_eq!(bytes, (t.rows.len() * up.format.row_bytes(cols)) as u64);
     }
 }
+
+#[test]
+fn spilling_streams_the_fewest_matrices_in_order_that_cover_the_deficit() {
+    let (cfg, a) = share();
+    let o = options(4, false);
+    // The share placed on a large card: every weight in SRAM, beside its transient pool.
+    let c = compile(&cfg, &bf16(), &a, &o, &HardwareProfile::default()).unwrap();
+    let small = small_card();
+    let layers = tiling::ffn_matrices(
+        &cfg,
+        &a,
+        (TileFormat::Bf16, TileFormat::Bf16),
+        &bf16(),
+        &o.tiling,
+        &small,
+    )
+    .unwrap();
+    let order: Vec<(usize, usize)> = (0..layers[0].len()).map(|r| (0, r)).collect();
+    let pool_cores = c.program.pool_bytes.div_ceil(small.core_bytes()) as usize;
+    let capacity = small.core_bytes() * (small.hierarchy.cores() - pool_cores) as u64;
+    // Only resident SRAM counts: weights, not the pool nor what LPDDR holds.
+    let resident: u64 = c
+        .program
+        .regions
+        .iter()
+        .filter(|r| r.kind.is_resident() && r.memory == MemoryKind::Sram)
+        .map(|r| r.bytes.next_multiple_of(memory::ALIGN))
+        .sum();
+    assert!(resident > capacity);
+    let mut covered = 0;
+    let fewest = 1 + order
+        .iter()
+        .position(|&(l, r)| {
+            covered += layers[l][r].bytes();
+            covered >= resident - capacity
+        })
+        .unwrap();
+    assert!(fewest > 1 && fewest < order.len(), "{fewest}");
+    assert_eq!(
+        next_spill(&c.program, &layers, &order, 0, &small, pool_cores),
+        fewest
+    );
+    // From a later start, the count goes on from there; and never past the end.
+    assert!(next_spill(&c.program, &layers, &order, 1, &small, pool_cores) >= fewest);
+    let last = order.len() - 1;
+    assert_eq!(
+        next_spill(&c.program, &layers, &order, last, &small, pool_cores),
+        order.len()
+    );
+}
