@@ -328,6 +328,41 @@ mod tests {
     }
 
     #[test]
+    fn the_reduction_is_split_only_when_sixteen_whole_rows_exceed_the_largest_tile() {
+        let p = HardwareProfile::default();
+        let max = p.compiler.max_tile_bytes;
+        // f32 rows of `cols` take 4 * cols bytes: 16 whole rows of exactly `max` fit.
+        let cols = (max / 16 / 4) as usize;
+        let d = TilingOptions::default();
+        let whole = tile_grid(64, cols, TileFormat::F32, &d, &p).unwrap();
+        assert!(
+            whole
+                .iter()
+                .all(|(_, s)| *s == Span::new(0, segments(cols)))
+        );
+        // Twice as wide: each tile takes as many 512-column segments as 16 rows of `max` hold.
+        let wide = tile_grid(64, 2 * cols, TileFormat::F32, &d, &p).unwrap();
+        let per_tile = (max / (16 * 4 * SEGMENT as u64)) as usize;
+        assert!(per_tile > 1 && per_tile < segments(2 * cols));
+        assert_eq!(wide[0].1, Span::new(0, per_tile));
+        assert!(wide.iter().all(|(_, s)| s.len() <= per_tile));
+    }
+
+    #[test]
+    fn a_tile_may_fill_one_core_exactly() {
+        let p = HardwareProfile::default();
+        let row = TileFormat::F32.row_bytes(1024) as u64;
+        let rows = (p.core_bytes() / row) as usize;
+        assert_eq!(rows as u64 * row, p.core_bytes());
+        let forced = |r| TilingOptions {
+            rows_per_tile: Some(r),
+            segments_per_tile: None,
+        };
+        assert!(tile_grid(2 * rows, 1024, TileFormat::F32, &forced(rows), &p).is_ok());
+        assert!(tile_grid(2 * rows, 1024, TileFormat::F32, &forced(rows + 1), &p).is_err());
+    }
+
+    #[test]
     fn oversized_forced_tiles_are_refused() {
         let p = HardwareProfile::default();
         let forced = TilingOptions {
