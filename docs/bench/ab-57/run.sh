@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # A/B: afd serve (bundled model, defaults) at 1f052e8 (before issue 57) and at HEAD, c=1 and c=8, alternating.
+# Expects the two builds' binaries in /tmp/ab/old (afd) and /tmp/ab/new (afd, afd-loadtest); writes /tmp/ab/results.
 cd /work/main
 out=/tmp/ab/results; mkdir -p $out
 for round in 1 2 3; do
