@@ -26,10 +26,12 @@ impl Stacked {
         biases: Option<Vec<&[f32]>>,
         device: &Device,
     ) -> Result<Self> {
-        let (rows, cols) = (mats[0].rows(), mats[0].cols());
+        let Some(first) = mats.first() else {
+            candle_core::bail!("a MoE layer with no experts cannot be uploaded");
+        };
+        let (rows, cols, format) = (first.rows(), first.cols(), first.format());
         let e = mats.len();
         // The experts' rows back to back: one matrix of e * rows rows.
-        let format = mats[0].format();
         let mut bytes = Vec::new();
         let mut scales = Vec::new();
         for m in mats {
@@ -423,5 +425,16 @@ impl MoeOp {
             })
         })?;
         Ok(cuda::finished(out, dev, Shape::from((pairs, self.rows))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_of_no_experts_is_refused_with_a_reason() {
+        let err = Stacked::upload(&[], None, &Device::Cpu).unwrap_err();
+        assert!(err.to_string().contains("no experts"), "{err}");
     }
 }

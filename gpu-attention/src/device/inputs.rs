@@ -116,7 +116,19 @@ impl MbInputs {
                 let table_row = paged_tables.len() as u32;
                 let blocks = (s.past + len).div_ceil(capacity.block_size);
                 max_blocks = max_blocks.max(blocks);
-                paged_tables.push(&s.table[..blocks]);
+                // The kernel reads every block of the table without checking it: each must
+                // exist, and be a block of the cache.
+                let table = s
+                    .table
+                    .get(..blocks)
+                    .ok_or_else(|| outside(s.past + len - 1, s.table, capacity))?;
+                if let Some(&b) = table.iter().find(|&&b| b as usize >= capacity.num_blocks) {
+                    return Err(candle_core::Error::Msg(format!(
+                        "the block table names block {b}, past the cache's {} blocks",
+                        capacity.num_blocks
+                    )));
+                }
+                paged_tables.push(table);
                 let first = paged_select.len();
                 for (i, p) in (s.past..s.past + len).enumerate() {
                     paged_rows.extend([table_row, p as u32]);

@@ -30,7 +30,8 @@ pub struct PagedAttention {
     pub block_size: usize,
     /// `head_dim^-0.5`.
     pub scale: f32,
-    /// Keys visible from a query, its own included (sliding window); `None`: all before it.
+    /// Keys visible from a query, its own included (sliding window); `None` (or `Some(0)`, as
+    /// the kernel reads it): all before it.
     pub window: Option<usize>,
     /// One logit per query head in the softmax denominator (GPT-OSS), f32 `[heads]`.
     pub sinks: Option<Tensor>,
@@ -114,7 +115,8 @@ impl CustomOp3 for PagedAttention {
             let pos = row_info[2 * row + 1] as usize;
             let tab = &tables[table * max_blocks..(table + 1) * max_blocks];
             let lo = match self.window {
-                Some(w) if pos + 1 > w => pos + 1 - w,
+                // 0 means no window, as in the kernel (which is passed 0 for `None`).
+                Some(w) if w > 0 && pos + 1 > w => pos + 1 - w,
                 _ => 0,
             };
             for h in 0..heads {

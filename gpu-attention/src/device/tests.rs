@@ -251,3 +251,66 @@ fn device_linear_layers_equal_the_decoded_matmul_in_every_format() {
         }
     }
 }
+
+/// Window 0 means "no window" in the CPU twin as in the kernel (it once gave NaN there).
+#[test]
+fn paged_attention_reads_window_zero_as_no_window() {
+    let dev = Device::Cpu;
+    let (heads, d, block_size, keys) = (2, 8, 4, 11);
+    let run = |window: Option<usize>| {
+        let op = PagedAttention {
+            heads,
+            kv_heads: 1,
+            head_dim: d,
+            block_size,
+            scale: 0.3,
+            window,
+            sinks: None,
+            tables: Tensor::from_vec(vec![2u32, 0, 1], (1, 3), &dev).unwrap(),
+            rows: Tensor::from_vec(vec![0u32, keys as u32 - 1], (1, 2), &dev).unwrap(),
+        };
+        let pool = |seed| {
+            Tensor::from_vec(
+                values(3 * block_size * d, seed),
+                (3 * block_size, 1, d),
+                &dev,
+            )
+            .unwrap()
+        };
+        let q = Tensor::from_vec(values(heads * d, 3), (1, heads, d), &dev).unwrap();
+        host(&q.apply_op3_no_bwd(&pool(1), &pool(2), &op).unwrap())
+    };
+    let all = run(None);
+    assert!(all.iter().all(|v| v.is_finite()));
+    assert_eq!(run(Some(0)), all);
+    assert_ne!(run(Some(3)), all, "a window of 3 sees fewer keys");
+}
+
+/// The paged kernel reads every block its table names without checking: the inputs refuse a
+/// table naming a block past the cache, or too short for its positions, before any upload.
+#[test]
+fn micro_batch_inputs_refuse_block_tables_the_kernel_cannot_trust() {
+    use super::inputs::{MbInputs, SpanInput};
+    let capacity = step::KvCapacity {
+        block_size: 4,
+        num_blocks: 8,
+    };
+    let rope = model::forward::rope::RopeTables {
+        cos: vec![1.0; 4],
+        sin: vec![0.0; 4],
+    };
+    let build = |table: &[u32], past: usize| {
+        let spans = [SpanInput {
+            tokens: &[5],
+            past,
+            table,
+        }];
+        MbInputs::new(&spans, &rope, capacity, 8, &Device::Cpu)
+    };
+    assert!(build(&[3, 7, 0], 9).is_ok());
+    // Block 9 holds positions 0..4: only the paged kernel would read it.
+    let err = build(&[9, 7, 0], 9).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("block 9, past the cache's 8 blocks"), "{err}");
+    let err = build(&[3, 7], 9).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("outside its block table"), "{err}");
+}
