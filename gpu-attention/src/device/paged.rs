@@ -236,8 +236,14 @@ impl CustomOp3 for PagedAttention {
                     b.arg(&self.scale);
                     b.arg(&window);
                     b.arg(&has_sinks);
-                    // SAFETY: every index the kernel forms is inside the views: rows and
-                    // heads from the launch shape, slots from block ids below num_blocks.
+                    // SAFETY: the kernel reads q, the pools and `out` at indices it forms
+                    // from the launch shape (rows, heads: checked against q's shape above) and
+                    // from `tables` and `rows`, which it does not check: each row's table index
+                    // must be below the tables' count, its position below blocks per table
+                    // times the block size, and every block id a row reads below num_blocks.
+                    // They are device data, so this op cannot check them; `MbInputs::new`
+                    // (inputs.rs), their only builder outside tests, builds them so and
+                    // refuses a block id past the cache.
                     unsafe { b.launch(cfg) }.w().map(|_| ())
                 })
             })
