@@ -124,6 +124,14 @@ impl DeviceExperts {
         top_k: usize,
         device: &Device,
     ) -> Result<Self> {
+        // The kernels trust the router's top-k ids to name uploaded experts.
+        let count = moe.experts.len();
+        if moe.router.weight.rows() != count || top_k == 0 || top_k > count {
+            candle_core::bail!(
+                "a MoE layer of {count} experts with a router of {} scores and top-k {top_k}",
+                moe.router.weight.rows()
+            );
+        }
         let experts: Vec<&GatedMlp> = (0..moe.experts.len())
             .map(|e| moe.expert(e).map_err(super::attention::model_error))
             .collect::<Result<_>>()?;
@@ -155,6 +163,14 @@ impl DeviceExperts {
     pub fn forward(&self, h: &Tensor, experts: &Tensor, weights: &Tensor) -> Result<Tensor> {
         let (n, hidden) = h.dims2()?;
         let k = self.top_k;
+        // The kernels index by these ids unchecked: [n, k] as the upload's router made them.
+        if experts.dims2()? != (n, k) || weights.dims2()? != (n, k) {
+            candle_core::bail!(
+                "moe layer: {n} tokens routed to {:?} experts with {:?} weights, expected [{n}, {k}]",
+                experts.shape(),
+                weights.shape()
+            );
+        }
         let dev = h.device();
         let pairs = n * k;
         let tokens: Vec<u32> = (0..pairs as u32).map(|p| p / k as u32).collect();
@@ -324,8 +340,11 @@ impl CustomOp2 for MoeOp {
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         use candle_core::backend::BackendStorage;
-        let (weight_rows, _) = l2.shape().dims2()?;
+        let (weight_rows, wcols) = l2.shape().dims2()?;
         let (cols, _) = self.dims(l1, weight_rows)?;
+        if wcols != cols {
+            candle_core::bail!("moe op: x has {cols} features, the weight {wcols}");
+        }
         match s2.dtype() {
             DType::F32 => self.launch::<f32>("afd_moe_f32", s1, l1, &[(s2, l2)], cols),
             DType::BF16 => self.launch::<half::bf16>("afd_moe_bf16", s1, l1, &[(s2, l2)], cols),
@@ -369,8 +388,15 @@ impl CustomOp3 for MoeOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (weight_rows, _) = l2.shape().dims2()?;
+        let (weight_rows, block_bytes) = l2.shape().dims2()?;
         let (cols, _) = self.dims(l1, weight_rows)?;
+        if l3.shape().dims2()? != (weight_rows, cols / 32) || block_bytes != cols / 2 {
+            candle_core::bail!(
+                "moe op: x has {cols} features; MXFP4 blocks {:?} and scales {:?} do not fit",
+                l2.shape(),
+                l3.shape()
+            );
+        }
         if !cols.is_multiple_of(32)
             || !l1.start_offset().is_multiple_of(4)
             || !l2.start_offset().is_multiple_of(16)
@@ -419,8 +445,13 @@ impl MoeOp {
                 b.arg(&out);
                 b.arg(&k_i);
                 b.arg(&n_i);
-                // SAFETY: pair tokens index rows of x and pair experts whole experts of the
-                // weight (checked on the host by the caller's routing); writes pairs * rows.
+                // SAFETY: the kernel reads row `pair_token[p]` of x and rows `pair_expert[p]
+                // * rows ..` of the weight, `cols` wide (the widths checked above), and writes
+                // pairs * rows floats. It does not check the ids, which are device data this
+                // op cannot see: `DeviceExperts::forward` makes the tokens (p / k, below x's
+                // rows), and the expert ids are the router's top-k over as many logits as the
+                // layer has experts (`DeviceExperts::upload` checks the router's width, `forward` the
+                // routing's shape).
                 unsafe { b.launch(cfg) }.w().map(|_| ())
             })
         })?;
