@@ -450,8 +450,8 @@ impl MoeOp {
                 // pairs * rows floats. It does not check the ids, which are device data this
                 // op cannot see: `DeviceExperts::forward` makes the tokens (p / k, below x's
                 // rows), and the expert ids are the router's top-k over as many logits as the
-                // layer has experts (`DeviceExperts::upload` checks the router's width, `forward` the
-                // routing's shape).
+                // layer has experts (`DeviceExperts::upload` checks the router's width,
+                // `forward` the routing's shape).
                 unsafe { b.launch(cfg) }.w().map(|_| ())
             })
         })?;
