@@ -58,9 +58,9 @@ pub fn config(grid: (u32, u32), block: u32) -> LaunchConfig {
 }
 
 /// Output rows per block of the linear and expert kernels (`LIN_WARPS`: a warp each).
-const ROWS_PER_BLOCK: usize = 8;
+const ROWS_PER_BLOCK: usize = super::kernel_constants::LIN_WARPS;
 /// Tokens per block of the linear kernels (`LIN_TOKENS`).
-pub const TOKENS_PER_BLOCK: usize = 8;
+pub const TOKENS_PER_BLOCK: usize = super::kernel_constants::LIN_TOKENS;
 
 /// The launch of a kernel with one warp per output row: `rows` across, `down` blocks down
 /// (token tiles or (token, expert) pairs).

@@ -14,6 +14,11 @@
 pub mod attention;
 #[cfg(feature = "cuda")]
 mod cuda;
+/// The kernels' integer constants (`#define`s of `gpu-attention/kernels/afd.cu`), written by
+/// the build script so Rust and CUDA share one source.
+pub mod kernel_constants {
+    include!(concat!(env!("OUT_DIR"), "/kernel_constants.rs"));
+}
 pub mod experts;
 pub mod inputs;
 pub mod kv;

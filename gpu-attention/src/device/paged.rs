@@ -12,9 +12,9 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use super::linear::cpu_slice;
 
 /// Keys per chunk of the online softmax (the kernel's `PA_CHUNK`).
-pub const CHUNK: usize = 128;
+pub const CHUNK: usize = super::kernel_constants::PA_CHUNK;
 /// Largest head size the kernel takes (`PA_MAX_HEAD_DIM`).
-pub const MAX_HEAD_DIM: usize = 256;
+pub const MAX_HEAD_DIM: usize = super::kernel_constants::PA_MAX_HEAD_DIM;
 
 /// One launch's geometry and tables. Inputs: `q [rows, heads, d]`, `k_pool` and `v_pool`
 /// `[num_blocks * block_size, kv_heads, d]`, all f32.
@@ -198,7 +198,7 @@ impl CustomOp3 for PagedAttention {
                 cuda::grid_dim(heads, "heads")?,
                 cuda::grid_dim(rows, "query rows")?,
             ),
-            128,
+            super::kernel_constants::PA_THREADS as u32,
         );
         let ints = cuda::ints([
             (heads, "heads"),
