@@ -1,5 +1,6 @@
-//! The compiler's decisions at their edges: what a share that does not fit says, when
-//! spilling gives up, the LPDDR limit, and the numerics a split dense layer keeps.
+//! The compiler's decisions at their edges: what a share that does not fit says, what spilling
+//! streams and when it gives up, the LPDDR limit, where tiles are placed, the sizes of layer
+//! outputs, proposal buffers and tiles, and the numerics a split dense layer keeps.
 
 use super::*;
 use crate::program::{MemoryKind, Op};
@@ -192,12 +193,8 @@ fn a_split_dense_layer_rounds_its_inputs_as_the_whole_layer_does() {
     let mut block_aligned = 0;
     for a in shares(&cfg, 2) {
         let c = compile(&cfg, &bf16(), &a, &o, &HardwareProfile::default()).unwrap();
-        let m = c
-            .program
-            .matrices
-            .iter()
-            .find(|m| m.name == "L0.dense.down")
-            .unwrap();
+        let matrix = |name: &str| c.program.matrices.iter().find(|m| m.name == name).unwrap();
+        let m = matrix("L0.dense.down");
         assert_eq!(
             m.activations,
             ActivationDtype::F32,
@@ -207,13 +204,10 @@ fn a_split_dense_layer_rounds_its_inputs_as_the_whole_layer_does() {
         );
         block_aligned += usize::from(m.cols % 32 == 0);
         // The gate and up projections reduce over the hidden size (64): whole blocks.
-        let m = c
-            .program
-            .matrices
-            .iter()
-            .find(|m| m.name == "L0.dense.gate_up")
-            .unwrap();
-        assert_eq!(m.activations, ActivationDtype::Bf16);
+        assert_eq!(
+            matrix("L0.dense.gate_up").activations,
+            ActivationDtype::Bf16
+        );
     }
     assert!(
         block_aligned > 0,

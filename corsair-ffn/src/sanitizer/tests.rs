@@ -383,17 +383,23 @@ fn a_region_may_end_exactly_at_the_end_of_sram_or_of_a_core() {
     assert!(overflows(core * 5 - bytes + 1), "one byte into core 5");
 }
 
+/// Adds a region of no bytes at `address`, a resident weight tile in every other way.
+fn push_empty_resident_region(p: &mut Program, address: u64) {
+    let tile = p.matrices[0].tiles[0].region as usize;
+    let mut empty = p.regions[tile].clone();
+    assert!(empty.kind.is_resident());
+    empty.name = "empty".into();
+    empty.bytes = 0;
+    empty.address = address;
+    empty.location = p.profile.locate(address);
+    p.regions.push(empty);
+}
+
 #[test]
 fn an_empty_resident_region_at_the_start_of_a_core_straddles_nothing() {
     let mut p = valid();
-    let tile = p.matrices[0].tiles[0].region as usize;
-    let mut empty = p.regions[tile].clone();
-    empty.name = "empty".into();
-    empty.bytes = 0;
-    empty.address = p.profile.core_bytes() * 5;
-    empty.location = p.profile.locate(empty.address);
-    assert!(empty.kind.is_resident());
-    p.regions.push(empty);
+    let address = p.profile.core_bytes() * 5;
+    push_empty_resident_region(&mut p, address);
     assert!(
         !kinds(&p).contains(&FindingKind::CapacityOverflow),
         "{:#?}",
