@@ -90,6 +90,11 @@ fn a_placement_by_load_copies_the_hot_experts_splits_their_rows_and_keeps_the_to
         per_layer.iter().all(|r| (1..u32::MAX).contains(r)),
         "every MoE layer's figure came from the cards: {per_layer:?}"
     );
+    let fixed = node.fixed_rows_per_copy();
+    assert!(
+        fixed.iter().zip(&per_layer).all(|(f, r)| *f > 0 && f < r),
+        "every MoE layer's fixed part came from the cards, below its whole: {fixed:?} of {per_layer:?}"
+    );
     // Greedy tokens as transformers gives them.
     let cases = expected(&dir);
     let got = driver::generate(&mut node, &greedy_requests(&cases), 0).unwrap();

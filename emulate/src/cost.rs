@@ -301,8 +301,12 @@ pub fn placement_of(config: &ModelConfig, cards: &CardSet) -> Result<ExpertPlace
         })
         .collect();
     let per_layer: Vec<u32> = (0..layers).map(|l| cards.rows_per_weight_read(l)).collect();
+    let fixed: Vec<u32> = (0..layers).map(|l| cards.fixed_rows_per_copy(l)).collect();
     ExpertPlacement::for_model(config, &card_experts)
-        .map(|p| p.with_rows_per_weight_read(&per_layer))
+        .map(|p| {
+            p.with_rows_per_weight_read(&per_layer)
+                .with_fixed_rows_per_copy(&fixed)
+        })
         .map_err(|e| Error::Config(format!("the cards' programs place the experts so: {e}")))
 }
 

@@ -26,6 +26,8 @@ pub struct ExpertPlacement {
     /// Per layer, the rows one pass over an expert's weights is worth on its cards
     /// ([`step::replicas`]); `u32::MAX` (the default) never splits an expert's rows.
     rows_per_weight_read: Vec<u32>,
+    /// Per layer, the part of that a copy costs however many rows it computes (0 by default).
+    fixed_rows_per_copy: Vec<u32>,
 }
 
 /// Why a placement is unusable.
@@ -116,6 +118,7 @@ impl ExpertPlacement {
         }
         Ok(ExpertPlacement {
             rows_per_weight_read: vec![u32::MAX; holders.len()],
+            fixed_rows_per_copy: vec![0; holders.len()],
             holders,
             cards: card_experts.len(),
         })
@@ -135,6 +138,44 @@ impl ExpertPlacement {
     /// split).
     pub fn rows_per_weight_read(&self) -> &[u32] {
         &self.rows_per_weight_read
+    }
+
+    /// The same placement knowing, per layer, what part of a row's cost a copy pays however
+    /// many rows it computes (missing layers: 0), as the cards report it.
+    pub fn with_fixed_rows_per_copy(mut self, per_layer: &[u32]) -> Self {
+        for (slot, &rows) in self.fixed_rows_per_copy.iter_mut().zip(per_layer) {
+            *slot = rows;
+        }
+        self
+    }
+
+    /// Per layer, the rows a copy of an expert costs however many rows it computes.
+    pub fn fixed_rows_per_copy(&self) -> &[u32] {
+        &self.fixed_rows_per_copy
+    }
+
+    /// The same placement splitting by what its cards report, each card's per-layer
+    /// `(rows_per_weight_read, fixed_rows_per_copy)`: per layer, the figures of the card whose
+    /// rows per weight read are fewest (they share one profile; a card without experts in a
+    /// layer reports `u32::MAX` there, and 0 is no report). No card reporting: never split.
+    pub fn with_card_reports<'r>(
+        self,
+        cards: impl IntoIterator<Item = (&'r [u32], &'r [u32])>,
+    ) -> Self {
+        let layers = self.rows_per_weight_read.len();
+        let mut best: Vec<(u32, u32)> = vec![(u32::MAX, 0); layers];
+        for (rows, fixed) in cards {
+            for (layer, slot) in best.iter_mut().enumerate() {
+                let r = rows.get(layer).copied().unwrap_or(0);
+                let f = fixed.get(layer).copied().unwrap_or(0);
+                if r > 0 && (r, f) < *slot {
+                    *slot = (r, f);
+                }
+            }
+        }
+        let (rows, fixed): (Vec<u32>, Vec<u32>) = best.into_iter().unzip();
+        self.with_rows_per_weight_read(&rows)
+            .with_fixed_rows_per_copy(&fixed)
     }
 
     /// [`ExpertPlacement::new`] for `config`'s layers and experts.
@@ -180,6 +221,7 @@ impl ExpertPlacement {
             holders,
             cards: self.cards,
             rows_per_weight_read: self.rows_per_weight_read.clone(),
+            fixed_rows_per_copy: self.fixed_rows_per_copy.clone(),
         })
     }
 
@@ -210,6 +252,7 @@ impl ExpertPlacement {
             keys: &first_key,
             cards: self.cards,
             rows_per_weight_read: self.rows_per_weight_read[layer],
+            fixed_rows_per_copy: self.fixed_rows_per_copy[layer],
         })
     }
 }
@@ -502,6 +545,26 @@ mod tests {
         );
         let err = ExpertPlacement::new(1, 2, &[true], &[vec![vec![0, 1, 5]]]).unwrap_err();
         assert!(err.to_string().contains("expert 5"));
+    }
+
+    /// Per layer, the figures of the card reporting the fewest rows per weight read, its fixed
+    /// part with them (a 0 is no report; a card naming fewer layers reports nothing past them).
+    #[test]
+    fn the_cards_reports_set_each_layers_split_figures() {
+        let both: Vec<Vec<Vec<u32>>> = (0..2)
+            .map(|_| vec![vec![0, 1], vec![0, 1], vec![0, 1]])
+            .collect();
+        let p = ExpertPlacement::new(3, 2, &[true, true, true], &both).unwrap();
+        let (a_rows, a_fixed) = ([9, 0, 7], [4, 3, 2]);
+        let (b_rows, b_fixed) = ([12, 5], [1, 2]);
+        let p = p.with_card_reports([(&a_rows[..], &a_fixed[..]), (&b_rows[..], &b_fixed[..])]);
+        assert_eq!(p.rows_per_weight_read(), [9, 5, 7]);
+        assert_eq!(p.fixed_rows_per_copy(), [4, 2, 2]);
+        let none = ExpertPlacement::new(3, 2, &[true, true, true], &both)
+            .unwrap()
+            .with_card_reports(std::iter::empty());
+        assert_eq!(none.rows_per_weight_read(), [u32::MAX; 3]);
+        assert_eq!(none.fixed_rows_per_copy(), [0; 3]);
     }
 
     /// The cards' break-even figures become the split thresholds (0, and layers they do not

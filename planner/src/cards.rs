@@ -138,18 +138,33 @@ impl CardSet {
     /// to the attention node (the least over the cards; `u32::MAX` where none has experts):
     /// what the dispatcher splits a replicated expert's rows by ([`step::replicas`]).
     pub fn rows_per_weight_read(&self, layer: usize) -> u32 {
+        self.split_figures(layer).0
+    }
+
+    /// Of [`Self::rows_per_weight_read`], the rows a copy costs however many it computes, from
+    /// the same card (as the node takes them:
+    /// `gpu_attention::dispatch::ExpertPlacement::with_card_reports`); 0 where none has experts.
+    pub fn fixed_rows_per_copy(&self, layer: usize) -> u32 {
+        self.split_figures(layer).1
+    }
+
+    /// The least `(rows_per_weight_read, fixed_rows_per_copy)` of `layer` over the cards.
+    fn split_figures(&self, layer: usize) -> (u32, u32) {
         let mut costs = self.costs.lock().unwrap_or_else(PoisonError::into_inner);
         self.programs
             .iter()
             .zip(costs.iter_mut())
             .filter_map(|(program, per_layer)| {
                 per_layer.get_mut(layer).map(|slot| {
-                    slot.get_or_insert_with(|| LayerCosts::new(program, layer))
-                        .rows_per_weight_read(program)
+                    let costs = slot.get_or_insert_with(|| LayerCosts::new(program, layer));
+                    (
+                        costs.rows_per_weight_read(program),
+                        costs.fixed_rows_per_copy(program),
+                    )
                 })
             })
             .min()
-            .unwrap_or(u32::MAX)
+            .unwrap_or((u32::MAX, 0))
     }
 
     /// Modeled time of `layer` on `card` for the rows it was sent: `rows` tokens, of which

@@ -169,6 +169,7 @@ fn expected_layer_by(
     let mut expert_rows = vec![0usize; e];
     let no_keys = vec![0u64; e];
     let rows_per_weight_read = cards.rows_per_weight_read(layer);
+    let fixed_rows_per_copy = cards.fixed_rows_per_copy(layer);
     let mut card_rows = vec![0usize; n];
     let mut last_token = vec![usize::MAX; n];
     let mut rows_on = vec![0usize; n * e];
@@ -195,6 +196,7 @@ fn expected_layer_by(
             keys: &no_keys,
             cards: n,
             rows_per_weight_read,
+            fixed_rows_per_copy,
         });
         // Each card's rows (tokens with an expert there) and rows per expert there.
         card_rows.fill(0);

@@ -2,15 +2,24 @@
 //! attention node's dispatcher applies and the planner's model of a step mirrors, so the two
 //! cannot disagree.
 //!
-//! A card's work for a layer is modeled in rows: an expert given `r` rows costs
-//! `max(rows_per_weight_read, r)`, where `rows_per_weight_read` is the rows whose arithmetic
-//! takes as long as one pass over the expert's weights (the card's performance model says, per
-//! layer): below it the card waits on the weights, above it on the arithmetic. Experts with one
-//! holder go to it. Replicated experts, the most-routed first, go to as few of their holders,
-//! least loaded first, as bring the most loaded of them lowest: at small batches that is one
-//! copy (the least loaded; a second would read the weights again and finish no sooner); an
-//! expert hot enough to be compute bound is split so its copies finish together, as DeepSeek's
-//! EPLB spreads a redundant expert's tokens over its copies.
+//! A card's work for a layer is modeled in rows (one row's arithmetic is the unit): an expert
+//! given `r > 0` rows costs `f + max(c - f, r)`, where `c` (`rows_per_weight_read`) is what one
+//! row costs in all, and `f` (`fixed_rows_per_copy`) the part of it that is the same however
+//! many rows the copy computes (its instructions' fixed latencies); the rest, `c - f`, is the
+//! pass over the weights, which the arithmetic overlaps. The card's performance model gives
+//! both per layer. Experts with one holder go to it. Replicated experts, the most-routed first,
+//! go to as few of their holders, least loaded first, as bring the most loaded of them lowest:
+//! at small batches that is one copy (the least loaded; a second would read the weights again
+//! and finish no sooner); an expert hot enough to be compute bound is split so its copies
+//! finish together, as DeepSeek's EPLB spreads a redundant expert's tokens over its copies.
+//!
+//! Then, while moving some of a replicated expert's rows off the most loaded card onto another
+//! of its holders lowers the larger of the two cards' loads, the best such move is made. The
+//! greedy pass takes the experts one at a time and cannot undo an early choice: it leaves a
+//! card holding a cold expert and a copy of the hot one with the cold one alone while the hot
+//! one's other copies run over. On the Mixtral medium shape under Zipf-skewed routing at 64
+//! tokens, the two (with `f`) take the slowest card from 13-19% over even routing to within
+//! 10% (docs/bench/notes/2026-12-08-eplb-dispatch.md).
 //!
 //! Pure and deterministic: the same routing always gives the same split (ties go to the
 //! holder that `key`, the expert's first row's key, points at, and on from there), so the
@@ -78,22 +87,60 @@ pub struct SplitInput<'a> {
     pub keys: &'a [u64],
     /// Number of cards.
     pub cards: usize,
-    /// The rows one weight pass is worth on this layer's cards; `u32::MAX` never splits.
+    /// What one row costs in all on this layer's cards, in rows of arithmetic: the weight pass
+    /// and the fixed latencies (`c` above); `u32::MAX` never splits.
     pub rows_per_weight_read: u32,
+    /// Of `rows_per_weight_read`, the rows a copy costs however many it computes (`f` above; 0:
+    /// a copy costs the larger of its weight pass and its rows). At most `c - 1` counts.
+    pub fixed_rows_per_copy: u32,
+}
+
+/// What a copy given `r` rows adds to its card's load: `fixed + max(weight, r)`, 0 for no rows.
+#[derive(Debug, Clone, Copy)]
+struct CopyCost {
+    fixed: u64,
+    weight: u64,
+}
+
+impl CopyCost {
+    fn new(rows_per_weight_read: u32, fixed_rows_per_copy: u32) -> Self {
+        // An expert with rows costs at least one row, whatever the figures say.
+        let c = u64::from(rows_per_weight_read.max(1));
+        let fixed = u64::from(fixed_rows_per_copy).min(c - 1);
+        CopyCost {
+            fixed,
+            weight: c - fixed,
+        }
+    }
+
+    fn of(self, r: u64) -> u64 {
+        if r == 0 {
+            0
+        } else {
+            self.fixed.saturating_add(self.weight.max(r))
+        }
+    }
 }
 
 /// Each expert's shares (empty for an expert no row routes to), in the order its rows are
 /// given out.
 pub fn split_rows(input: SplitInput<'_>) -> Vec<Vec<RowShare>> {
+    let cost = CopyCost::new(input.rows_per_weight_read, input.fixed_rows_per_copy);
+    let (mut shares, mut load) = greedy_split(input, cost);
+    rebalance(&mut shares, &mut load, input.holders, cost);
+    shares
+}
+
+/// The greedy pass: single holders first, then the replicated experts, most rows first, each
+/// filled over its holders as [`fill`] says. Returns the shares and each card's load.
+fn greedy_split(input: SplitInput<'_>, cost: CopyCost) -> (Vec<Vec<RowShare>>, Vec<u64>) {
     let SplitInput {
         holders,
         rows,
         keys,
         cards,
-        rows_per_weight_read,
+        ..
     } = input;
-    // An expert with rows costs at least one row, whatever the figure says.
-    let c = u64::from(rows_per_weight_read.max(1));
     let mut shares = vec![Vec::new(); holders.len()];
     let mut load = vec![0u64; cards];
     let mut replicated = Vec::new();
@@ -108,7 +155,7 @@ pub fn split_rows(input: SplitInput<'_>) -> Vec<Vec<RowShare>> {
                     rows: n,
                 });
                 if let Some(l) = load.get_mut(*card) {
-                    *l = l.saturating_add(c.max(n as u64));
+                    *l = l.saturating_add(cost.of(n as u64));
                 }
             }
             _ => replicated.push(e),
@@ -126,11 +173,19 @@ pub fn split_rows(input: SplitInput<'_>) -> Vec<Vec<RowShare>> {
             })
             .collect();
         order.sort_unstable();
-        let loads: Vec<u64> = order.iter().map(|&(l, _, _)| l).collect();
-        for (i, r) in fill(&loads, c, rows[e] as u64).into_iter().enumerate() {
+        // A copy used ends at `load + fixed + max(weight, rows)`: `fill`'s rule on the loads
+        // with the fixed part added.
+        let loads: Vec<u64> = order
+            .iter()
+            .map(|&(l, _, _)| l.saturating_add(cost.fixed))
+            .collect();
+        for (i, r) in fill(&loads, cost.weight, rows[e] as u64)
+            .into_iter()
+            .enumerate()
+        {
             let card = order[i].2;
             if let Some(l) = load.get_mut(card) {
-                *l = l.saturating_add(c.max(r));
+                *l = l.saturating_add(cost.of(r));
             }
             shares[e].push(RowShare {
                 card,
@@ -138,7 +193,111 @@ pub fn split_rows(input: SplitInput<'_>) -> Vec<Vec<RowShare>> {
             });
         }
     }
-    shares
+    (shares, load)
+}
+
+/// One move of [`rebalance`]: `rows` of `expert` from card `from` to card `to`, leaving the
+/// larger of the two cards' loads at `peak`.
+#[derive(Debug, Clone, Copy)]
+struct RowMove {
+    peak: u64,
+    expert: usize,
+    from: usize,
+    to: usize,
+    rows: u64,
+}
+
+/// While moving rows of one replicated expert from the most loaded card to another of its
+/// holders lowers the larger of the two cards' loads below the most loaded's, makes the move
+/// that lowers it most (ties: the lower expert, then the holder met first, then fewer rows).
+/// Each move lowers the most loaded card and leaves the other below where it was, so the
+/// loads, sorted, fall at every move and the loop ends; it is also capped.
+fn rebalance(
+    shares: &mut [Vec<RowShare>],
+    load: &mut [u64],
+    holders: &[Vec<usize>],
+    cost: CopyCost,
+) {
+    let cap = 4 * shares.iter().map(Vec::len).sum::<usize>() + load.len();
+    for _ in 0..cap {
+        // The most loaded card, the lowest index among equals.
+        let Some(hi) = (0..load.len()).max_by(|&a, &b| load[a].cmp(&load[b]).then(b.cmp(&a)))
+        else {
+            return;
+        };
+        let mut best: Option<RowMove> = None;
+        for (e, s) in shares.iter().enumerate() {
+            let Some(here) = s.iter().find(|x| x.card == hi) else {
+                continue;
+            };
+            let r_from = here.rows as u64;
+            for &to in holders.get(e).map_or(&[][..], Vec::as_slice) {
+                if to == hi || to >= load.len() {
+                    continue;
+                }
+                let r_to = s.iter().find(|x| x.card == to).map_or(0, |x| x.rows as u64);
+                let from_after = |k: u64| load[hi] - cost.of(r_from) + cost.of(r_from - k);
+                let to_after = |k: u64| load[to] - cost.of(r_to) + cost.of(r_to + k);
+                // `from_after` falls and `to_after` rises with the rows moved: the best move is
+                // at the first count where they cross, or just before it.
+                let (mut lo, mut up) = (1, r_from);
+                while lo < up {
+                    let mid = lo + (up - lo) / 2;
+                    if to_after(mid) >= from_after(mid) {
+                        up = mid;
+                    } else {
+                        lo = mid + 1;
+                    }
+                }
+                for k in [lo.saturating_sub(1), lo] {
+                    if k == 0 || k > r_from {
+                        continue;
+                    }
+                    let peak = from_after(k).max(to_after(k));
+                    if peak < load[hi] && best.is_none_or(|b| peak < b.peak) {
+                        best = Some(RowMove {
+                            peak,
+                            expert: e,
+                            from: hi,
+                            to,
+                            rows: k,
+                        });
+                    }
+                }
+            }
+        }
+        let Some(m) = best else {
+            return;
+        };
+        apply(&mut shares[m.expert], load, m, cost);
+    }
+}
+
+/// Makes move `m` on its expert's shares and the cards' loads: a share left without rows is
+/// removed, a holder new to the expert gets a share after the others.
+fn apply(shares: &mut Vec<RowShare>, load: &mut [u64], m: RowMove, cost: CopyCost) {
+    let rows_on = |shares: &[RowShare], card: usize| {
+        shares
+            .iter()
+            .find(|x| x.card == card)
+            .map_or(0, |x| x.rows as u64)
+    };
+    let (r_from, r_to) = (rows_on(shares, m.from), rows_on(shares, m.to));
+    load[m.from] = load[m.from] - cost.of(r_from) + cost.of(r_from - m.rows);
+    load[m.to] = load[m.to] - cost.of(r_to) + cost.of(r_to + m.rows);
+    for s in shares.iter_mut() {
+        if s.card == m.from {
+            s.rows -= m.rows as usize;
+        }
+    }
+    shares.retain(|s| s.rows > 0);
+    match shares.iter_mut().find(|s| s.card == m.to) {
+        Some(s) => s.rows += m.rows as usize,
+        None => shares.push(RowShare {
+            card: m.to,
+            rows: m.rows as usize,
+        }),
+    }
 }
 
 /// `n` rows over copies whose loads are `loads` (ascending): the lowest level `T` that some

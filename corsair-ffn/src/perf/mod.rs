@@ -350,6 +350,27 @@ impl LayerCosts {
         (one / per_row).round().clamp(1.0, f64::from(u32::MAX - 1)) as u32
     }
 
+    /// Of [`Self::rows_per_weight_read`], the rows an expert's copy costs however many rows it
+    /// computes: where the compute-bound line of its time (the slope over the upper half of the
+    /// rows a call can carry) meets zero rows, in rows of that slope (its instructions' fixed
+    /// latencies; the rest of a row's cost is the weight pass, which arithmetic overlaps). What
+    /// tells the dispatcher that a second copy of a split expert costs more than its rows. 0
+    /// where [`Self::rows_per_weight_read`] is `u32::MAX`; at most one less than it otherwise.
+    pub fn fixed_rows_per_copy(&mut self, program: &Program) -> u32 {
+        let c = self.rows_per_weight_read(program);
+        if c == u32::MAX {
+            return 0;
+        }
+        let top = program.max_tokens;
+        let half = top / 2;
+        let at = |costs: &mut Self, rows: usize| costs.group_time(program, 1, rows).seconds;
+        let per_row = (at(self, top) - at(self, half)) / (top - half) as f64;
+        let fixed = at(self, top) - per_row * top as f64;
+        (fixed / per_row)
+            .round()
+            .clamp(0.0, f64::from(c.saturating_sub(1))) as u32
+    }
+
     /// The layer's time under `load` (the same program the table was made of).
     pub fn time(&mut self, program: &Program, load: &LayerLoad) -> LayerTime {
         let mut t = self.group_time(program, 0, load.tokens);
@@ -372,6 +393,16 @@ impl LayerCosts {
 pub fn rows_per_weight_read(program: &Program) -> Vec<u32> {
     (0..program.layers.len())
         .map(|l| LayerCosts::new(program, l).rows_per_weight_read(program))
+        .collect()
+}
+
+/// Per layer of `program`, the rows of [`rows_per_weight_read`] a copy of an expert costs
+/// however many rows it computes ([`LayerCosts::fixed_rows_per_copy`]; 0 for a dense layer):
+/// reported with it, so the dispatcher does not split an expert where a second copy's fixed
+/// latencies cost more than the rows it takes over.
+pub fn fixed_rows_per_copy(program: &Program) -> Vec<u32> {
+    (0..program.layers.len())
+        .map(|l| LayerCosts::new(program, l).fixed_rows_per_copy(program))
         .collect()
 }
 

@@ -649,3 +649,31 @@ fn a_weight_pass_is_worth_the_rows_whose_arithmetic_takes_as_long() {
         assert!(got > 1, "layer {layer}: {got}");
     }
 }
+
+#[test]
+fn a_copys_fixed_rows_are_where_its_compute_bound_line_meets_no_rows() {
+    let p = program();
+    let fixed = fixed_rows_per_copy(&p);
+    let whole = rows_per_weight_read(&p);
+    assert_eq!(fixed.len(), p.layers.len());
+    for (layer, (&f, &c)) in fixed.iter().zip(&whole).enumerate() {
+        if !matches!(p.layers[layer].kind, LayerKind::Moe { .. }) {
+            assert_eq!(f, 0, "layer {layer} has no experts");
+            continue;
+        }
+        // Expert 0's own time at `r` rows, from whole-layer times.
+        let own = |r: usize| {
+            let load = |rows: usize| LayerLoad {
+                tokens: 0,
+                expert_rows: vec![rows, 0],
+            };
+            layer_time(&p, layer, &load(r)).seconds - layer_time(&p, layer, &load(0)).seconds
+        };
+        let half = MAX_TOKENS / 2;
+        let slope = (own(MAX_TOKENS) - own(half)) / (MAX_TOKENS - half) as f64;
+        let intercept = own(MAX_TOKENS) - slope * MAX_TOKENS as f64;
+        assert_eq!(f, (intercept / slope).round() as u32, "layer {layer}");
+        // The instructions' fixed latencies are some of a row's cost, never all of it.
+        assert!(f > 0 && f < c, "layer {layer}: {f} of {c}");
+    }
+}

@@ -308,6 +308,7 @@ impl CardHost {
         Ok(StageShardReply {
             program_summary: shard.summary.clone(),
             rows_per_weight_read: shard.rows_per_weight_read.clone(),
+            fixed_rows_per_copy: shard.fixed_rows_per_copy.clone(),
         })
     }
 
@@ -429,8 +430,11 @@ impl CardHost {
             retired.retain(|w| !w.thread.is_finished());
             retired.push(old);
         }
-        let (program, rows_per_weight_read) =
-            (shard.summary.clone(), shard.rows_per_weight_read.clone());
+        let (program, rows_per_weight_read, fixed_rows_per_copy) = (
+            shard.summary.clone(),
+            shard.rows_per_weight_read.clone(),
+            shard.fixed_rows_per_copy.clone(),
+        );
         Ok(LoadShardReply {
             inbox: Some(RegionDescriptor {
                 node: descriptor.node,
@@ -443,6 +447,7 @@ impl CardHost {
             program_summary: program,
             incarnation: self.incarnation,
             rows_per_weight_read,
+            fixed_rows_per_copy,
         })
     }
 

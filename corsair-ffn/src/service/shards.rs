@@ -48,6 +48,9 @@ pub(crate) struct Shard {
     /// Per layer, the rows one pass over an expert's weights is worth on this card
     /// ([`crate::perf::rows_per_weight_read`]), reported to every node that attaches.
     pub rows_per_weight_read: Vec<u32>,
+    /// Per layer, the part of it a copy costs however many rows it computes
+    /// ([`crate::perf::fixed_rows_per_copy`]), reported with it.
+    pub fixed_rows_per_copy: Vec<u32>,
 }
 
 /// What every version of a card's shard shares: the settings of the request that loaded the
@@ -245,6 +248,7 @@ impl Shard {
             counters: Arc::clone(&self.counters),
             summary: self.summary.clone(),
             rows_per_weight_read: self.rows_per_weight_read.clone(),
+            fixed_rows_per_copy: self.fixed_rows_per_copy.clone(),
         }
     }
 }
@@ -317,6 +321,7 @@ pub(crate) fn build_shard(
         crate::report::human_bytes(s.spilled_bytes)
     );
     let rows_per_weight_read = crate::perf::rows_per_weight_read(&compiled.program);
+    let fixed_rows_per_copy = crate::perf::fixed_rows_per_copy(&compiled.program);
     let weights = ModelWeights::load_with(
         dir,
         &LoadOptions {
@@ -343,6 +348,7 @@ pub(crate) fn build_shard(
         counters: Arc::clone(cx.counters),
         summary,
         rows_per_weight_read,
+        fixed_rows_per_copy,
     })
 }
 

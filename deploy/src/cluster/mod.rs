@@ -159,9 +159,8 @@ pub fn connect_node(
     };
     let mut inboxes = Vec::with_capacity(cards.len());
     let mut watched = Vec::with_capacity(cards.len());
-    // Per layer, the least of what the cards report (they share one profile; a card without
-    // experts in a layer reports `u32::MAX` there).
-    let mut rows_per_weight_read = vec![u32::MAX; model.num_layers()];
+    // What each card reports of its split costs (`ExpertPlacement::with_card_reports`).
+    let mut split_reports = Vec::with_capacity(cards.len());
     for (i, (card, assignment)) in cards.iter().zip(&assignments).enumerate() {
         let request = LoadShardRequest {
             model_path: config.model.display().to_string(),
@@ -207,14 +206,7 @@ pub fn connect_node(
             q.add_peer(answer.card_node.clone(), addr);
         }
         tracing::info!(card = i, "{}", answer.program_summary);
-        for (slot, &rows) in rows_per_weight_read
-            .iter_mut()
-            .zip(&answer.rows_per_weight_read)
-        {
-            if rows > 0 {
-                *slot = (*slot).min(rows);
-            }
-        }
+        split_reports.push((answer.rows_per_weight_read, answer.fixed_rows_per_copy));
         inboxes.push(jetstream::RegionDescriptor {
             node: inbox.node,
             id: inbox.id,
@@ -228,9 +220,11 @@ pub fn connect_node(
         });
     }
     fabric.set_inboxes(inboxes);
-    layout.placement = layout
-        .placement
-        .with_rows_per_weight_read(&rows_per_weight_read);
+    layout.placement = layout.placement.with_card_reports(
+        split_reports
+            .iter()
+            .map(|(rows, fixed)| (rows.as_slice(), fixed.as_slice())),
+    );
     let node = DisaggregatedNode::new(
         attention_weights,
         layout,

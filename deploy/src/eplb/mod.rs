@@ -214,20 +214,15 @@ impl Rebalancer {
                 })
                 .collect()
         });
-        let mut rows_per_weight_read = vec![u32::MAX; self.targets.model.num_layers()];
-        for reply in replies {
-            for (slot, &rows) in rows_per_weight_read
-                .iter_mut()
-                .zip(&reply?.rows_per_weight_read)
-            {
-                if rows > 0 {
-                    *slot = (*slot).min(rows);
-                }
-            }
-        }
+        let replies = replies.into_iter().collect::<Result<Vec<_>>>()?;
         let placement = card_layout(&self.targets.model, assignments)?
             .placement
-            .with_rows_per_weight_read(&rows_per_weight_read);
+            .with_card_reports(replies.iter().map(|r| {
+                (
+                    r.rows_per_weight_read.as_slice(),
+                    r.fixed_rows_per_copy.as_slice(),
+                )
+            }));
         if let Some(board) = self.boards.iter().find(|b| b.cards() != placement.cards()) {
             return Err(Error::Config(format!(
                 "--eplb: a placement over {} cards for a node with {}",

@@ -280,6 +280,12 @@ impl DisaggregatedNode {
         self.layout.placement.rows_per_weight_read().to_vec()
     }
 
+    /// Per layer, the part of it a copy of an expert costs however many rows it computes, as
+    /// the cards reported it.
+    pub fn fixed_rows_per_copy(&self) -> Vec<u32> {
+        self.layout.placement.fixed_rows_per_copy().to_vec()
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> NodeStats {
         self.stats.clone()
