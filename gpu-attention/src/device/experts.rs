@@ -7,7 +7,8 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Resul
 use model::config::Activation;
 use model::weights::{GatedMlp, MoeWeights, WeightMatrix};
 
-use super::linear::{DeviceLinear, DeviceWeight, cpu_slice, mxfp4_row};
+use super::linear::{DeviceLinear, DeviceWeight, cpu_slice};
+use super::twins;
 
 /// Most pairs in one launch (the grid's y limit).
 const MAX_PAIRS: usize = 65_535;
@@ -259,29 +260,41 @@ impl MoeOp {
         Ok((cols, weight_rows / self.rows))
     }
 
-    /// The op on the CPU (the same arithmetic as the kernels, not their order of work): pair
-    /// p's output row r is the dot of x's row and the expert's weight row, in column order.
-    fn cpu(
+    /// The pairs' tokens and experts for the CPU twins (`twins::moe_*`, which walk the data
+    /// as the kernels do), each checked against `x`'s rows and the experts there are.
+    fn cpu_pairs(
         &self,
         x: &[f32],
         cols: usize,
         experts_count: usize,
-        row: impl Fn(usize, &mut [f32]),
-    ) -> Result<(CpuStorage, Shape)> {
+    ) -> Result<(Vec<u32>, Vec<u32>)> {
         let tokens = self.tokens.to_vec1::<u32>()?;
         let experts = self.experts.to_vec1::<u32>()?;
-        let mut out = vec![0f32; tokens.len() * self.rows];
-        let mut w = vec![0f32; cols];
+        if tokens.len() != experts.len() {
+            candle_core::bail!(
+                "moe op: {} pair tokens for {} pair experts",
+                tokens.len(),
+                experts.len()
+            );
+        }
         for (p, (&t, &e)) in tokens.iter().zip(&experts).enumerate() {
             if e as usize >= experts_count || (t as usize + 1) * cols > x.len() {
                 candle_core::bail!("moe op: pair {p} names token {t} and expert {e}");
             }
-            let xr = &x[t as usize * cols..(t as usize + 1) * cols];
-            for r in 0..self.rows {
-                row(e as usize * self.rows + r, &mut w);
-                out[p * self.rows + r] = xr.iter().zip(&w).map(|(a, b)| a * b).sum();
-            }
         }
+        Ok((tokens, experts))
+    }
+
+    /// The dense op on the CPU, the weight read through `w(flat index)`.
+    fn cpu_dense(
+        &self,
+        x: &[f32],
+        cols: usize,
+        experts_count: usize,
+        w: impl Fn(usize) -> f32,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (tokens, experts) = self.cpu_pairs(x, cols, experts_count)?;
+        let out = twins::moe_dense(x, &tokens, &experts, w, cols, self.rows);
         Ok((CpuStorage::F32(out), Shape::from((tokens.len(), self.rows))))
     }
 }
@@ -307,25 +320,15 @@ impl CustomOp2 for MoeOp {
         match s2 {
             CpuStorage::F32(_) => {
                 let w = cpu_slice::<f32>(s2, l2, "weight")?;
-                self.cpu(x, cols, count, |r, dst| {
-                    dst.copy_from_slice(&w[r * cols..(r + 1) * cols])
-                })
+                self.cpu_dense(x, cols, count, |i| w[i])
             }
             CpuStorage::BF16(_) => {
                 let w = cpu_slice::<half::bf16>(s2, l2, "weight")?;
-                self.cpu(x, cols, count, |r, dst| {
-                    for (d, s) in dst.iter_mut().zip(&w[r * cols..(r + 1) * cols]) {
-                        *d = s.to_f32();
-                    }
-                })
+                self.cpu_dense(x, cols, count, |i| w[i].to_f32())
             }
             CpuStorage::F16(_) => {
                 let w = cpu_slice::<half::f16>(s2, l2, "weight")?;
-                self.cpu(x, cols, count, |r, dst| {
-                    for (d, s) in dst.iter_mut().zip(&w[r * cols..(r + 1) * cols]) {
-                        *d = s.to_f32();
-                    }
-                })
+                self.cpu_dense(x, cols, count, |i| w[i].to_f32())
             }
             _ => candle_core::bail!("moe op: the weight must be f32, bf16 or f16"),
         }
@@ -368,14 +371,24 @@ impl CustomOp3 for MoeOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (weight_rows, _) = l2.shape().dims2()?;
+        let (weight_rows, block_bytes) = l2.shape().dims2()?;
         let (cols, count) = self.dims(l1, weight_rows)?;
+        if !cols.is_multiple_of(32)
+            || block_bytes != cols / 2
+            || l3.shape().dims2()? != (weight_rows, cols / 32)
+        {
+            candle_core::bail!(
+                "moe op: x has {cols} features; MXFP4 blocks {:?} and scales {:?} do not fit",
+                l2.shape(),
+                l3.shape()
+            );
+        }
         let x = cpu_slice::<f32>(s1, l1, "x")?;
         let blocks = cpu_slice::<u8>(s2, l2, "blocks")?;
         let scales = cpu_slice::<u8>(s3, l3, "scales")?;
-        self.cpu(x, cols, count, |r, dst| {
-            mxfp4_row(blocks, scales, cols, r, dst)
-        })
+        let (tokens, experts) = self.cpu_pairs(x, cols, count)?;
+        let out = twins::moe_mxfp4(x, &tokens, &experts, blocks, scales, cols, self.rows);
+        Ok((CpuStorage::F32(out), Shape::from((tokens.len(), self.rows))))
     }
 
     #[cfg(feature = "cuda")]

@@ -1,13 +1,15 @@
 //! Linear layers on the device with their weights as stored: f32 through candle's matmul;
 //! bf16, f16 and MXFP4 through custom ops that decode the weights in registers and accumulate
-//! in f32 against f32 activations (`afd_linear_*` in `kernels/afd.cu`; here a plain CPU dot
-//! product of the same arithmetic, not a step-for-step twin of the kernels).
+//! in f32 against f32 activations (`afd_linear_*` in `kernels/afd.cu`; on the CPU their twins
+//! in `twins.rs`, which walk the data as the kernels do).
 //! Long prompt chunks of half-precision weights take candle's f32 matmul on the upcast weight,
 //! where arithmetic, not the weight's bytes, is the cost.
 
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 use model::WeightFormat;
 use model::weights::{Linear, WeightMatrix};
+
+use super::twins;
 
 /// At most this many tokens go through the half-precision custom op; more take the matmul.
 const DECODE_TOKENS: usize = 32;
@@ -154,24 +156,10 @@ fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
     Ok((n, k, rows))
 }
 
-/// out[t, r] = sum_k x[t, k] * w(r, k), summed in k order.
-fn cpu_linear(
-    n: usize,
-    k: usize,
-    rows: usize,
-    x: &[f32],
-    w: impl Fn(usize, &mut [f32]),
-) -> Vec<f32> {
-    let mut out = vec![0f32; n * rows];
-    let mut wr = vec![0f32; k];
-    for r in 0..rows {
-        w(r, &mut wr);
-        for t in 0..n {
-            let xt = &x[t * k..(t + 1) * k];
-            out[t * rows + r] = xt.iter().zip(&wr).map(|(a, b)| a * b).sum();
-        }
-    }
-    out
+/// Whether `afd_linear_bf16`/`_f16` take 16-byte loads: whole groups of 8 features and
+/// aligned starts (the launch and the twin decide alike).
+fn vec_loads(k: usize, x: &Layout, w: &Layout) -> bool {
+    k.is_multiple_of(8) && x.start_offset().is_multiple_of(4) && w.start_offset().is_multiple_of(8)
 }
 
 impl CustomOp2 for HalfLinear {
@@ -188,22 +176,15 @@ impl CustomOp2 for HalfLinear {
     ) -> Result<(CpuStorage, Shape)> {
         let (n, k, rows) = dims(l1, l2)?;
         let x = cpu_slice::<f32>(s1, l1, "x")?;
+        let vec = vec_loads(k, l1, l2);
         let out = match s2 {
             CpuStorage::BF16(_) => {
                 let w = cpu_slice::<half::bf16>(s2, l2, "weight")?;
-                cpu_linear(n, k, rows, x, |r, dst| {
-                    for (d, s) in dst.iter_mut().zip(&w[r * k..(r + 1) * k]) {
-                        *d = s.to_f32();
-                    }
-                })
+                twins::linear_half(x, |i| w[i].to_f32(), n, k, rows, vec)
             }
             CpuStorage::F16(_) => {
                 let w = cpu_slice::<half::f16>(s2, l2, "weight")?;
-                cpu_linear(n, k, rows, x, |r, dst| {
-                    for (d, s) in dst.iter_mut().zip(&w[r * k..(r + 1) * k]) {
-                        *d = s.to_f32();
-                    }
-                })
+                twins::linear_half(x, |i| w[i].to_f32(), n, k, rows, vec)
             }
             _ => candle_core::bail!("half linear: the weight must be bf16 or f16"),
         };
@@ -244,12 +225,7 @@ fn cuda_half<W: candle_core::cuda_backend::CudaDType>(
     let dev = s1.device.clone();
     let x = cuda::view::<f32>(s1, l1, "x")?;
     let w = cuda::view::<W>(s2, l2, "weight")?;
-    // 16-byte loads need whole groups of 8 and aligned starts.
-    let vec = i32::from(
-        k.is_multiple_of(8)
-            && l1.start_offset().is_multiple_of(4)
-            && l2.start_offset().is_multiple_of(8),
-    );
+    let vec = i32::from(vec_loads(k, l1, l2));
     let out = cuda::output::<f32>(&dev, n * rows)?;
     let func = dev.get_or_load_custom_func(name, cuda::MODULE, cuda::PTX)?;
     let cfg = cuda::rows_config(rows, n.div_ceil(cuda::TOKENS_PER_BLOCK), "token tiles")?;
@@ -288,16 +264,6 @@ fn mxfp4_dims(x: &Layout, blocks: &Layout, scales: &Layout) -> Result<(usize, us
     Ok((n, k, rows))
 }
 
-/// Decodes row `r` of MXFP4 `blocks`/`scales` (`k` elements) into `out`.
-pub(crate) fn mxfp4_row(blocks: &[u8], scales: &[u8], k: usize, r: usize, out: &mut [f32]) {
-    model::mxfp4::decode_row(
-        &blocks[r * k / 2..(r + 1) * k / 2],
-        &scales[r * k / 32..(r + 1) * k / 32],
-        model::mxfp4::scale_table(),
-        out,
-    );
-}
-
 impl CustomOp3 for Mxfp4Linear {
     fn name(&self) -> &'static str {
         "afd-mxfp4-linear"
@@ -316,7 +282,7 @@ impl CustomOp3 for Mxfp4Linear {
         let x = cpu_slice::<f32>(s1, l1, "x")?;
         let blocks = cpu_slice::<u8>(s2, l2, "blocks")?;
         let scales = cpu_slice::<u8>(s3, l3, "scales")?;
-        let out = cpu_linear(n, k, rows, x, |r, dst| mxfp4_row(blocks, scales, k, r, dst));
+        let out = twins::linear_mxfp4(x, blocks, scales, n, k, rows);
         Ok((CpuStorage::F32(out), Shape::from((n, rows))))
     }
 

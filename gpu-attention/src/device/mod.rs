@@ -27,6 +27,7 @@ pub mod monolithic;
 pub mod node;
 pub mod paged;
 mod spec;
+mod twins;
 
 pub use monolithic::DeviceMonolithicNode;
 pub use node::{DeviceCompute, FfnInput};
