@@ -12,8 +12,8 @@ use model::weights::Linear;
 use super::linear::DeviceLinear;
 use super::paged::{CHUNK, PagedAttention};
 
-/// Deterministic pseudo-random values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
+/// Deterministic pseudo-random values in [-1, 1) (the twins' tests use them too).
+pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {

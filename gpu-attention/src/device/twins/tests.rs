@@ -1,4 +1,5 @@
 use super::*;
+use crate::device::tests::values;
 
 /// Row `r` of MXFP4 `blocks`/`scales` (`k` elements) by the model's own decoder: the reference
 /// the twins' decoding is checked against.
@@ -9,19 +10,6 @@ fn mxfp4_row(blocks: &[u8], scales: &[u8], k: usize, r: usize, out: &mut [f32]) 
         model::mxfp4::scale_table(),
         out,
     );
-}
-
-/// Values from a seed, in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 /// Bytes from a seed, every scale within a few powers of two of 1.
