@@ -11,9 +11,10 @@
 # built here with `cargo build --release --features cuda` (needs cargo and nvcc).
 #
 # (a) `afd verify --device cuda --require-exact` on every fixture with 1-4 cards (the CLI path
-#     against the reference forward), then the gpu_check program: every fixture's prompts through
-#     the cards with attention on the GPU (tokens equal transformers', step logits within 1e-4),
-#     and the GPU-only baseline's tokens.
+#     against the reference forward), then the gpu_check program: each linear kernel against its
+#     CPU twin at awkward shapes (partial tiles, features past a lane stride), every fixture's
+#     prompts through the cards with attention on the GPU (tokens equal transformers', step logits
+#     within 1e-4), and the GPU-only baseline's tokens.
 # (b) `afd synth --preset gpt-oss-20b` (MXFP4 experts, kept on the simulated cards' host), then
 #     the attention node's time per layer and per decode step at batch 1, 32 and 64 and 1K context,
 #     and the GPU-only baseline's TPOT at batch 1, each beside the planner's prediction.
@@ -163,7 +164,7 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
     if [ ! -e "$CKPT/config.json" ]; then
         run "$AFD" synth --family gpt-oss --preset gpt-oss-20b --format mxfp4 --out "$CKPT"
     fi
-    if ! run "$CHECK" --device "$DEVICE" --no-fixtures --checkpoint "$CKPT" --profile "$PROFILE" \
+    if ! run "$CHECK" --device "$DEVICE" --no-fixtures --no-kernels --checkpoint "$CKPT" --profile "$PROFILE" \
         --batches "$BATCHES" --context "$CONTEXT" --steps "$STEPS" --deployments deploy/deployments; then
         failed=$((failed + 1))
     fi

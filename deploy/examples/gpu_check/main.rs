@@ -1,8 +1,9 @@
 //! The GPU check behind `scripts/gpu_check.sh`: on a machine with an NVIDIA GPU (a build with
 //! `--features cuda`), the attention node's device path against the transformers fixtures, then
 //! its speed on a GPT-OSS-20B-shaped checkpoint beside `afd plan`'s prediction for the same
-//! shape on the GPU's profile. Everything is printed; the exit status says whether every
-//! fixture's tokens matched.
+//! shape on the GPU's profile; first, each linear kernel against its CPU twin at awkward shapes
+//! (`kernels.rs`). Everything is printed; the exit status says whether every kernel agreed with
+//! its twin and every fixture's tokens matched.
 //!
 //! ```sh
 //! afd synth --family gpt-oss --preset gpt-oss-20b --out /tmp/gpt-oss-20b
@@ -15,6 +16,7 @@
 
 mod bench;
 mod fixtures;
+mod kernels;
 
 use std::path::PathBuf;
 
@@ -63,12 +65,21 @@ struct Args {
     /// Skip the fixtures.
     #[arg(long)]
     no_fixtures: bool,
+    /// Skip the linear kernels' checks against their CPU twins.
+    #[arg(long)]
+    no_kernels: bool,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     println!("== gpu check on {}", args.device);
     let mut failures = 0;
+    if !args.no_kernels {
+        match args.device.open()? {
+            Some(dev) => failures += kernels::run(&dev)?,
+            None => println!("-- linear kernels: the host path has none (skipped)"),
+        }
+    }
     if !args.no_fixtures {
         failures += fixtures::run(&args)?;
     }
@@ -76,7 +87,7 @@ fn main() -> Result<()> {
         bench::run(&args, checkpoint)?;
     }
     if failures > 0 {
-        bail!("{failures} fixture check(s) failed");
+        bail!("{failures} check(s) failed");
     }
     println!("== gpu check passed");
     Ok(())
