@@ -8,21 +8,16 @@
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use gpu_attention::device::linear::{HalfLinear, Mxfp4Linear};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 const TOKENS: [usize; 5] = [1, 7, 8, 9, 65];
 const ROWS: [usize; 4] = [1, 7, 9, 17];
 
 /// Values from a seed, in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
 /// The op on `dev` and on the CPU, flattened: `(kernel, twin)`.
