@@ -51,9 +51,10 @@ fn lane_sum(acc: &[LaneAcc; LANES], t: usize) -> f32 {
     warp_sum(std::array::from_fn(|l| acc[l][t]))
 }
 
-/// `linear_half` (`afd_linear_bf16`, `afd_linear_f16`): `out[t, r] = sum_k x[t, k] * w(r * k
-/// + k)`. With `vec` each lane takes 8 weights a step from `lane * 8`, 256 apart, and adds the 8
-/// products to a token's sum as one group; without, one weight from `lane`, 32 apart.
+/// `linear_half` (`afd_linear_bf16`, `afd_linear_f16`): `out[t, r]` is the sum over the `k`
+/// features `j` of `x[t, j] * w(r * k + j)`. With `vec` each lane takes 8 weights a step from
+/// `lane * 8`, 256 apart, and adds the 8 products to a token's sum as one group; without, one
+/// weight from `lane`, 32 apart.
 pub(crate) fn linear_half(
     x: &[f32],
     w: impl Fn(usize) -> f32,
