@@ -14,17 +14,14 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    write_constants(
-        &PathBuf::from("kernels/afd.cu"),
-        &out.join("kernel_constants.rs"),
-    );
+    let source = PathBuf::from("kernels/afd.cu");
+    write_constants(&source, &out.join("kernel_constants.rs"));
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let cap: String = cap.chars().filter(char::is_ascii_digit).collect();
     let nvcc = nvcc();
-    let source = PathBuf::from("kernels/afd.cu");
     let ptx = out.join("afd.ptx");
     let status = Command::new(&nvcc)
         .args(["--ptx", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])

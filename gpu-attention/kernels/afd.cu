@@ -4,8 +4,8 @@
 // (`PagedAttention::cpu_fwd` in gpu-attention/src/device/paged.rs: same chunking, same order
 // of the sums that matter), so the CPU tests check the indexing, the masks and the softmax
 // bookkeeping written here; only the arithmetic's rounding differs. The linear and MoE kernels
-// have twins too (gpu-attention/src/device/twins.rs: the same grid, lanes, strides, grouping of
-// products and warp sum), tested on awkward shapes against plain dot products; a change to a
+// have twins too (gpu-attention/src/device/twins.rs: the same token tiles, lanes, strides,
+// grouping of products and warp sum), tested on awkward shapes against plain dot products; a change to a
 // kernel's indexing belongs in its twin as well. scripts/gpu_check.sh runs the kernels.
 //
 // Built by gpu-attention/build.rs with nvcc into PTX (the `cuda` feature), loaded through

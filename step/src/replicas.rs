@@ -218,6 +218,14 @@ fn rebalance(
     holders: &[Vec<usize>],
     cost: CopyCost,
 ) {
+    // Only a replicated expert's rows can move: without one (most layers of most deployments)
+    // there is nothing to look at, every step.
+    let replicated: Vec<usize> = (0..shares.len())
+        .filter(|&e| holders.get(e).is_some_and(|h| h.len() > 1) && !shares[e].is_empty())
+        .collect();
+    if replicated.is_empty() {
+        return;
+    }
     let cap = 4 * shares.iter().map(Vec::len).sum::<usize>() + load.len();
     for _ in 0..cap {
         // The most loaded card, the lowest index among equals.
@@ -226,7 +234,8 @@ fn rebalance(
             return;
         };
         let mut best: Option<RowMove> = None;
-        for (e, s) in shares.iter().enumerate() {
+        for &e in &replicated {
+            let s = &shares[e];
             let Some(here) = s.iter().find(|x| x.card == hi) else {
                 continue;
             };

@@ -1,13 +1,15 @@
 //! CPU twins of the linear and MoE kernels of `kernels/afd.cu` (`afd_linear_*`, `afd_moe_*`).
-//! Each walks the data as its kernel does: the same grid (a block of `LIN_WARPS` output rows by
-//! `LIN_TOKENS` tokens, or one (token, expert) pair per block row), the same lanes and strides,
-//! the same grouping of products and the warp's butterfly sum. So the CPU tests of awkward
+//! Each walks the data as its kernel does: a warp per output row over tiles of `LIN_TOKENS`
+//! tokens (the last one part full), or per (token, expert) pair, the same lanes and strides,
+//! the same grouping of products and the warp's butterfly sum. (The kernels group `LIN_WARPS`
+//! rows into a block; no output depends on which block its warp is in, so the twins walk the
+//! rows in order.) So the CPU tests of awkward
 //! shapes (a row count or token count that leaves a block part full, features that are not a
 //! whole number of lane strides) check the kernels' index arithmetic, not only the ops'
 //! shapes; what differs on the GPU is the rounding of fused multiply-adds. Keep each twin in
 //! step with its kernel.
 
-use super::kernel_constants::{LIN_TOKENS, LIN_WARPS};
+use super::kernel_constants::LIN_TOKENS;
 
 /// Threads of a warp.
 const LANES: usize = 32;
@@ -29,19 +31,12 @@ fn warp_sum(mut lanes: [f32; LANES]) -> f32 {
     lanes[0]
 }
 
-/// Every (row, token tile) of a linear kernel's grid whose warp has work, in launch order:
-/// `f(row, first token, tokens in the tile)`.
+/// Every (row, token tile) of a linear kernel's grid: `f(row, first token, tokens in the
+/// tile)`, the last tile of `n % LIN_TOKENS` tokens where that is not 0.
 fn linear_grid(n: usize, rows: usize, mut f: impl FnMut(usize, usize, usize)) {
-    for by in 0..n.div_ceil(LIN_TOKENS) {
-        for bx in 0..rows.div_ceil(LIN_WARPS) {
-            for warp in 0..LIN_WARPS {
-                let r = bx * LIN_WARPS + warp;
-                let t0 = by * LIN_TOKENS;
-                if r >= rows || t0 >= n {
-                    continue;
-                }
-                f(r, t0, LIN_TOKENS.min(n - t0));
-            }
+    for t0 in (0..n).step_by(LIN_TOKENS) {
+        for r in 0..rows {
+            f(r, t0, LIN_TOKENS.min(n - t0));
         }
     }
 }
@@ -188,18 +183,9 @@ pub(crate) fn linear_mxfp4(
     out
 }
 
-/// Every (pair, output row) of an MoE kernel's grid, in launch order: `f(pair, row)`.
-fn moe_grid(pairs: usize, rows: usize, mut f: impl FnMut(usize, usize)) {
-    for p in 0..pairs {
-        for bx in 0..rows.div_ceil(LIN_WARPS) {
-            for warp in 0..LIN_WARPS {
-                let r = bx * LIN_WARPS + warp;
-                if r < rows {
-                    f(p, r);
-                }
-            }
-        }
-    }
+/// Every (pair, output row) of an MoE kernel's grid, in the outputs' order.
+fn pair_rows(pairs: usize, rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..pairs).flat_map(move |p| (0..rows).map(move |r| (p, r)))
 }
 
 /// `moe_dense` (`afd_moe_f32`, `_bf16`, `_f16`): pair `p`'s output row `r` is the dot of x's row
@@ -214,7 +200,7 @@ pub(crate) fn moe_dense(
     rows: usize,
 ) -> Vec<f32> {
     let mut out = vec![0f32; tokens.len() * rows];
-    moe_grid(tokens.len(), rows, |p, r| {
+    for (o, (p, r)) in out.iter_mut().zip(pair_rows(tokens.len(), rows)) {
         let xr = tokens[p] as usize * k;
         let wr = (experts[p] as usize * rows + r) * k;
         let mut lanes = [0f32; LANES];
@@ -225,8 +211,8 @@ pub(crate) fn moe_dense(
                 kk += LANES;
             }
         }
-        out[p * rows + r] = warp_sum(lanes);
-    });
+        *o = warp_sum(lanes);
+    }
     out
 }
 
@@ -242,7 +228,7 @@ pub(crate) fn moe_mxfp4(
     rows: usize,
 ) -> Vec<f32> {
     let mut out = vec![0f32; tokens.len() * rows];
-    moe_grid(tokens.len(), rows, |p, r| {
+    for (o, (p, r)) in out.iter_mut().zip(pair_rows(tokens.len(), rows)) {
         let row = experts[p] as usize * rows + r;
         let mut acc = [[0f32; LIN_TOKENS]; LANES];
         mxfp4_row_dot(
@@ -254,8 +240,8 @@ pub(crate) fn moe_mxfp4(
             1,
             &mut acc,
         );
-        out[p * rows + r] = lane_sum(&acc, 0);
-    });
+        *o = lane_sum(&acc, 0);
+    }
     out
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::device::kernel_constants::LIN_WARPS;
 use crate::device::tests::values;
 
 /// Row `r` of MXFP4 `blocks`/`scales` (`k` elements) by the model's own decoder: the reference
